@@ -1,0 +1,3 @@
+from nvmon.cli import main
+
+main()

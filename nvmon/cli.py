@@ -1,0 +1,204 @@
+"""The `nvmon` command. Each subcommand is a thin front end over the library; bad input gives a
+one-line error and a non-zero exit, never a traceback (set NVMON_DEBUG=1 to see one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from nvmon import __version__
+
+NODE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class NvmonError(click.ClickException):
+    """A user-facing one-line error."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"nvmon: {self.format_message()}", err=True)
+
+
+class AuditError(NvmonError):
+    exit_code = 3  # Nagios UNKNOWN: the check itself could not run
+
+
+def _check_interval(ctx, param, value: float) -> float:
+    if not 0.05 <= value <= 300:
+        raise click.BadParameter("must be between 0.05 and 300 seconds")
+    return value
+
+
+def _check_node(ctx, param, value: str | None) -> str | None:
+    if value is not None and not NODE_RE.match(value):
+        raise click.BadParameter("use 1-64 characters from A-Z a-z 0-9 . _ -")
+    return value
+
+
+def _check_sysfs(ctx, param, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    p = Path(value)
+    if not p.is_dir():
+        raise click.BadParameter(f"{value}: not a directory")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise click.BadParameter(f"{value}: not readable")
+    return p
+
+
+def sampling_options(f):
+    """Options shared by `sample` and `audit` (and later the daemon)."""
+    f = click.option("--node", callback=_check_node, help="Node name to report (default: short host name).")(f)
+    f = click.option("--sysfs-root", "sysfs_root", callback=_check_sysfs, metavar="DIR",
+                     help="Directory standing in for /sys (InfiniBand and PCIe readers).")(f)
+    f = click.option("--sim", metavar="SPEC",
+                     help="Simulate a board instead of reading hardware, e.g. 'hgx-h100' or "
+                          "'hgx-h100,nvlink_down=2.5,ib_rate=mlx5_1:100'. See `nvmon profiles`.")(f)
+    f = click.option("--interval", type=float, default=1.0, show_default=True, callback=_check_interval,
+                     help="Seconds between the two readings that rates are measured over.")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/sample-schema.md).")(f)
+    return f
+
+
+def _take_sample(sim: str | None, sysfs_root: Path | None, node: str | None, interval: float, error_cls):
+    """Two readings `interval` apart; returns the second (rates need a previous reading)."""
+    from nvmon.collect.node import NodeSampler, load_real_pynvml
+
+    sim_node = None
+    if sim is not None:
+        from nvmon.sim.node import SimNode
+        from nvmon.sim.scenario import SimSpecError
+
+        if sysfs_root is not None:
+            raise error_cls("--sim brings its own fake /sys: drop --sysfs-root")
+        try:
+            sim_node = SimNode(sim, node=node or "sim-node")
+        except SimSpecError as e:
+            raise error_cls(str(e)) from None
+        sampler = NodeSampler(sim_node.nvml, sysfs_root=sim_node.sysfs_root, node=node or "sim-node",
+                              before_tick=sim_node.sync)
+    else:
+        sampler = NodeSampler(load_real_pynvml(), sysfs_root=sysfs_root or "/sys", node=node)
+    try:
+        sampler.open()
+        sampler.sample()
+        time.sleep(interval)
+        return sampler.sample()
+    finally:
+        sampler.close()
+        if sim_node is not None:
+            sim_node.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="nvmon")
+def cli() -> None:
+    """nvmon — NVLink, PCIe, power and InfiniBand health of 8-GPU servers.
+
+    \b
+    Start here:  nvmon sample --sim hgx-h100        (no GPU needed)
+    On a node:   nvmon sample    /    nvmon audit --expect-ib 8x400
+    """
+
+
+@cli.command()
+@sampling_options
+def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | None, node: str | None) -> None:
+    """One snapshot of this node: GPUs, NVLink per link, PCIe, power, InfiniBand, topology.
+
+    Rates (NVLink/PCIe/IB bytes per second, error counters' rise) are measured over --interval.
+    Without a GPU driver the GPU part is empty and says why; the rest still works.
+    """
+    s = _take_sample(sim, sysfs_root, node, interval, NvmonError)
+    if as_json:
+        from nvmon.model import sample_to_dict
+
+        click.echo(json.dumps(sample_to_dict(s), indent=2))
+    else:
+        from rich.console import Console
+
+        from nvmon.render import render_sample
+
+        Console().print(render_sample(s))
+
+
+@cli.command()
+@sampling_options
+@click.option("--expect-gpus", type=click.IntRange(1, 64), metavar="N", help="GPUs this node must have.")
+@click.option("--expect-ib", metavar="PORTSxGBPS", help="Active InfiniBand ports and rate, e.g. 8x200.")
+@click.option("--expect-topology", type=click.Choice(["nvswitch", "pairs", "mesh", "none"]),
+              help="Board class to require (default: what the GPU model's spec says; "
+                   "use 'nvswitch' to insist on all-to-all NVSwitch).")
+def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | None, node: str | None,
+          expect_gpus: int | None, expect_ib: str | None, expect_topology: str | None) -> None:
+    """Check this node against its hardware's spec: pass/fail with findings.
+
+    \b
+    Exit status (Nagios / Slurm HealthCheckProgram style):
+      0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (no NVML, unknown GPU model, bad input)
+    """
+    from nvmon.audit import EXIT_CODES, audit as run_audit, report_to_dict
+    from nvmon.specs import NodeSpec, parse_expect_ib
+
+    ib_ports = ib_rate = None
+    if expect_ib is not None:
+        try:
+            ib_ports, ib_rate = parse_expect_ib(expect_ib)
+        except ValueError as e:
+            raise AuditError(f"--expect-ib: {e}") from None
+    spec = NodeSpec(gpus=expect_gpus, ib_ports=ib_ports, ib_rate_gbps=ib_rate, topology=expect_topology)
+    s = _take_sample(sim, sysfs_root, node, interval, AuditError)
+    report = run_audit(s, spec)
+    if as_json:
+        click.echo(json.dumps(report_to_dict(report), indent=2))
+    else:
+        from rich.console import Console
+
+        from nvmon.render import render_audit
+
+        Console().print(render_audit(report))
+    sys.exit(EXIT_CODES[report.verdict])
+
+
+@cli.command()
+def profiles() -> None:
+    """List the simulator's board profiles and the --sim syntax."""
+    from nvmon.sim import scenario
+    from nvmon.sim.profiles import PROFILES
+
+    for p in PROFILES.values():
+        click.echo(f"  {p.key:<11} {p.description}")
+    click.echo("\n--sim syntax:\n" + scenario.__doc__.split("Syntax:", 1)[1])
+
+
+def main() -> None:
+    """Console entry point: one-line errors for everything, tracebacks only with NVMON_DEBUG=1."""
+    try:
+        cli(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("nvmon: aborted", err=True)
+        sys.exit(130)
+    except click.UsageError as e:
+        cmd = e.ctx.command_path if e.ctx else "nvmon"
+        code = 3 if e.ctx is not None and e.ctx.info_name == "audit" else 2
+        click.echo(f"{cmd}: {e.format_message()}", err=True)
+        sys.exit(code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:  # a bug: say so in one line, keep the traceback for NVMON_DEBUG=1
+        if os.environ.get("NVMON_DEBUG"):
+            raise
+        click.echo(f"nvmon: internal error: {type(e).__name__}: {e} (set NVMON_DEBUG=1 for details)", err=True)
+        sys.exit(70)

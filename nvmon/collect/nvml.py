@@ -1,0 +1,384 @@
+"""GPU collector over NVML, through the official bindings passed in as a module (`pynvml`).
+
+Cost model (bench/sample_cost.py measures it): static facts — names, UUIDs, limits, PCIe maxima,
+the NVLink map — are read once. Each steady-state tick costs each GPU one
+`nvmlDeviceGetFieldValues` (energy, PCIe bytes and replays, and per link: state, speed, TX/RX
+payload KiB, replay/recovery/CRC counters) plus ONE getter taken in turn from a rotation in which
+throttle reasons and utilization come every 2–3 ticks and temperature, PCIe gen/width and the
+enforced power limit every 20 (they change slowly, and a value not re-read is carried over).
+Power is the energy counter's slope over the interval, i.e. the true average.
+
+Errors: one chokepoint (`_Gpu.call`) turns NVML errors into (a) "unsupported" — recorded once as a
+capability and the query dropped —, (b) `_Lost`, which marks that GPU lost, or (c) a note on the
+GPU for anything else. One GPU's or one field's failure never loses the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvmon.collect import nvml_fields as F
+from nvmon.collect.counters import CounterTracker
+from nvmon.model import GpuSample, NvLinkSample, NvmlStatus, PcieLink
+
+ROTATION = ("throttle", "utilization", "throttle", "utilization", "slow")
+SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
+LOST_RETRY_TICKS = 30
+
+
+class _Lost(Exception):
+    pass
+
+
+_UNSUPPORTED = object()
+
+
+@dataclass(slots=True)
+class _Link:
+    link: int
+    version: int | None = None
+    remote_type: str | None = None
+    remote_bus_id: str | None = None
+
+
+@dataclass(slots=True)
+class _Gpu:
+    """Per-GPU state: handle, static facts, the last hot values, what is unsupported."""
+
+    nvml: Any
+    index: int
+    counter: list[int]  # shared call counter [n]
+    handle: Any = None
+    lost: bool = False
+    name: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    bus_id: str | None = None
+    default_limit_w: float | None = None
+    max_limit_w: float | None = None
+    max_gen: int | None = None
+    device_max_gen: int | None = None
+    max_width: int | None = None
+    link_count: int = 0
+    links: list[_Link] = field(default_factory=list)
+    unsupported: set[str] = field(default_factory=set)
+    last: dict[str, Any] = field(default_factory=dict)  # rotated getter values, carried over
+    notes: dict[str, str] = field(default_factory=dict)
+    request: list = field(default_factory=list)  # field-value request (ids / (id, scope))
+    layout: list[tuple[str, int | None]] = field(default_factory=list)  # what each request entry is
+    rotation: Any = None
+    lost_ticks: int = 0
+
+    def call(self, what: str, fn, *args):
+        """Run one NVML call; see the module docstring for how errors are sorted."""
+        nv = self.nvml
+        self.counter[0] += 1
+        try:
+            value = fn(*args)
+        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+            self.unsupported.add(what)
+            return _UNSUPPORTED
+        except nv.NVMLError_GpuIsLost:
+            raise _Lost() from None
+        except nv.NVMLError as e:
+            self.notes[what] = f"{what}: {e}"
+            return None
+        self.notes.pop(what, None)
+        return value
+
+
+def _text(v) -> str | None:
+    if v is None or v is _UNSUPPORTED:
+        return None
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _num(v, scale: float | None = None) -> float | int | None:
+    """A getter's value (scaled when asked), or None for 'unsupported' / 'unreadable'."""
+    if v is None or v is _UNSUPPORTED:
+        return None
+    return v if scale is None else v * scale
+
+
+class NvmlCollector:
+    """Reads every GPU of a node. `open()` once, then `collect(ts)` each tick; `close()` at the end."""
+
+    def __init__(self, nvml: types.ModuleType):
+        self.nvml = nvml
+        self.status = NvmlStatus(available=False, error="not opened")
+        self.gpus: list[_Gpu] = []
+        self.tracker = CounterTracker()
+        self.calls = [0]  # NVML calls made, for the cost benchmark
+        self._opened = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def open(self) -> NvmlStatus:
+        nv = self.nvml
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as e:
+            self.status = NvmlStatus(available=False, error=_explain_init_error(nv, e))
+            return self.status
+        except OSError as e:  # a broken libnvidia-ml on disk
+            self.status = NvmlStatus(available=False, error=f"cannot load the NVIDIA library: {e}")
+            return self.status
+        self._opened = True
+        driver = nvml_version = None
+        try:
+            driver = _text(nv.nvmlSystemGetDriverVersion())
+            nvml_version = _text(nv.nvmlSystemGetNVMLVersion())
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as e:
+            self.status = NvmlStatus(available=False, error=f"NVML: {e}", driver_version=driver)
+            return self.status
+        self.gpus = [_Gpu(nv, i, self.calls) for i in range(count)]
+        for g in self.gpus:
+            self._open_gpu(g)
+        self.status = NvmlStatus(available=True, driver_version=driver, nvml_version=nvml_version)
+        return self.status
+
+    def close(self) -> None:
+        if self._opened:
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError:
+                pass
+            self._opened = False
+
+    def capabilities(self) -> dict[str, Any]:
+        """What each GPU could not answer (probed on the first tick), for the sample's `nvml` block."""
+        caps: dict[str, list[int]] = {}
+        for g in self.gpus:
+            for what in sorted(g.unsupported):
+                caps.setdefault(what, []).append(g.index)
+        return {"unsupported": caps}
+
+    # -- static facts ----------------------------------------------------------------------
+
+    def _open_gpu(self, g: _Gpu) -> None:
+        nv = self.nvml
+        try:
+            g.handle = g.call("handle", nv.nvmlDeviceGetHandleByIndex, g.index)
+            if g.handle is None or g.handle is _UNSUPPORTED:
+                g.lost = True
+                return
+            g.name = _text(g.call("name", nv.nvmlDeviceGetName, g.handle))
+            g.uuid = _text(g.call("uuid", nv.nvmlDeviceGetUUID, g.handle))
+            g.serial = _text(g.call("serial", nv.nvmlDeviceGetSerial, g.handle))
+            pci = g.call("pci", nv.nvmlDeviceGetPciInfo, g.handle)
+            g.bus_id = _text(pci.busId) if pci not in (None, _UNSUPPORTED) else None
+            g.default_limit_w = _num(g.call("power_default_limit", nv.nvmlDeviceGetPowerManagementDefaultLimit,
+                                            g.handle), 1e-3)
+            cons = g.call("power_constraints", nv.nvmlDeviceGetPowerManagementLimitConstraints, g.handle)
+            g.max_limit_w = cons[1] / 1000 if isinstance(cons, list) else None
+            g.max_gen = _num(g.call("pcie_max_gen", nv.nvmlDeviceGetMaxPcieLinkGeneration, g.handle))
+            g.device_max_gen = _num(g.call("pcie_gpu_max_gen", nv.nvmlDeviceGetGpuMaxPcieLinkGeneration, g.handle))
+            g.max_width = _num(g.call("pcie_max_width", nv.nvmlDeviceGetMaxPcieLinkWidth, g.handle))
+            self._open_links(g)
+        except _Lost:
+            g.lost = True
+            return
+        g.lost = False
+        g.rotation = itertools.cycle(ROTATION)
+        g.last["slow"] = itertools.cycle(SLOW)
+        self._build_request(g)
+        # Probe tick: read every rotated value once so the first sample is complete.
+        try:
+            for what in ("throttle", "utilization") + SLOW:
+                self._read_getter(g, what)
+        except _Lost:
+            g.lost = True
+
+    def _open_links(self, g: _Gpu) -> None:
+        nv = self.nvml
+        fid = getattr(nv, F.FI_LINK_COUNT)
+        res = g.call("nvlink_count", nv.nvmlDeviceGetFieldValues, g.handle, [fid])
+        count = 0
+        if res not in (None, _UNSUPPORTED) and res[0].nvmlReturn == 0:
+            count = int(res[0].value.uiVal)
+        # Never probe past the real count: indices up to NVML_NVLINK_MAX_LINKS give errors or
+        # misleading answers on some GPUs (NVML-FACTS §1.2).
+        g.link_count = min(count, getattr(nv, "NVML_NVLINK_MAX_LINKS", 36))
+        g.links = []
+        for lk in range(g.link_count):
+            link = _Link(lk)
+            ver = g.call("nvlink_version", nv.nvmlDeviceGetNvLinkVersion, g.handle, lk)
+            link.version = F.NVLINK_ENUM_TO_GEN.get(ver) if isinstance(ver, int) else None
+            rtype = g.call("nvlink_remote_type", nv.nvmlDeviceGetNvLinkRemoteDeviceType, g.handle, lk)
+            link.remote_type = F.REMOTE_TYPES.get(rtype, "unknown") if isinstance(rtype, int) else None
+            rpci = g.call("nvlink_remote_pci", nv.nvmlDeviceGetNvLinkRemotePciInfo, g.handle, lk)
+            if rpci not in (None, _UNSUPPORTED):
+                bus = _text(rpci.busId) or ""
+                link.remote_bus_id = None if bus.upper() in F.SENTINEL_BUS_IDS else bus.upper()
+            g.links.append(link)
+        # "not supported" on a link that is not wired is normal, not a missing capability
+        g.unsupported.discard("nvlink_remote_type")
+        g.unsupported.discard("nvlink_remote_pci")
+
+    def _build_request(self, g: _Gpu) -> None:
+        nv = self.nvml
+        req, layout = [], []
+        for key, name in (("energy", F.FI_TOTAL_ENERGY), ("replay", F.FI_PCIE_REPLAY),
+                          ("pcie_tx", F.FI_PCIE_TX_BYTES), ("pcie_rx", F.FI_PCIE_RX_BYTES)):
+            if key not in g.unsupported:
+                req.append(getattr(nv, name))
+                layout.append((key, None))
+        for lk in range(g.link_count):
+            for key, name in F.PER_LINK_FIELDS.items():
+                if f"nvlink_{key}" not in g.unsupported:
+                    req.append((getattr(nv, name), lk))
+                    layout.append((key, lk))
+            if lk < len(F.FI_LINK_CRC_DATA) and "nvlink_crc_data" not in g.unsupported:
+                req.append(getattr(nv, F.FI_LINK_CRC_DATA[lk]))
+                layout.append(("crc_data", lk))
+        g.request, g.layout = req, layout
+
+    # -- hot path ----------------------------------------------------------------------------
+
+    def _read_getter(self, g: _Gpu, what: str) -> None:
+        nv, h = self.nvml, g.handle
+        if what in g.unsupported:
+            return
+        if what == "throttle":
+            v = g.call(what, nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+            g.last[what] = F.decode_throttle(v) if isinstance(v, int) else None
+        elif what == "utilization":
+            v = g.call(what, nv.nvmlDeviceGetUtilizationRates, h)
+            g.last[what] = float(v.gpu) if v not in (None, _UNSUPPORTED) else None
+        elif what == "temperature":
+            v = g.call(what, nv.nvmlDeviceGetTemperatureV, h, nv.NVML_TEMPERATURE_GPU)
+            g.last[what] = _num(v)
+        elif what == "pcie_gen":
+            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetCurrPcieLinkGeneration, h))
+        elif what == "pcie_width":
+            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetCurrPcieLinkWidth, h))
+        elif what == "power_limit":
+            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetEnforcedPowerLimit, h), 1e-3)
+        elif what == "power":  # fallback when the energy counter is unsupported
+            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetPowerUsage, h), 1e-3)
+        elif what == "nvlink_state_getter":  # fallback when the state field is unsupported
+            g.last[what] = [g.call(what, nv.nvmlDeviceGetNvLinkState, h, lk) for lk in range(g.link_count)]
+
+    def collect(self, ts: float) -> tuple[GpuSample, ...]:
+        """One tick: a GpuSample per GPU (lost ones marked lost). Never raises for one GPU's failure."""
+        if not self.status.available:
+            return ()
+        return tuple(self._collect_gpu(g) for g in self.gpus)
+
+    def _collect_gpu(self, g: _Gpu) -> GpuSample:
+        if g.lost:
+            g.lost_ticks += 1
+            if g.handle is None and g.lost_ticks % LOST_RETRY_TICKS == 0:
+                self._open_gpu(g)  # maybe it came back (GPU reset); a dead handle is never reused
+            if g.lost:
+                return self._lost_sample(g)
+        try:
+            return self._read_hot(g)
+        except _Lost:
+            g.lost, g.handle = True, None
+            self.tracker.forget((g.index,))
+            return self._lost_sample(g)
+
+    def _lost_sample(self, g: _Gpu) -> GpuSample:
+        return GpuSample(index=g.index, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id,
+                         lost=True, throttle_reasons=None, notes=("GPU is lost: fallen off the bus or otherwise inaccessible",))
+
+    def _read_hot(self, g: _Gpu) -> GpuSample:
+        nv = self.nvml
+        first = "probed" not in g.last
+        values = g.call("field_values", nv.nvmlDeviceGetFieldValues, g.handle, g.request) if g.request else None
+        what = next(g.rotation)
+        if what == "slow":
+            what = next(g.last["slow"])
+        self._read_getter(g, what)
+        got: dict[tuple[str, int | None], tuple[int, float]] = {}
+        if values is not None and values is not _UNSUPPORTED:
+            for (key, lk), v in zip(g.layout, values):
+                if v.nvmlReturn == 0:
+                    raw = v.value.uiVal if v.valueType == 1 else v.value.ullVal
+                    got[(key, lk)] = (int(raw), v.timestamp / 1e6)
+                elif v.nvmlReturn == nv.NVML_ERROR_GPU_IS_LOST:
+                    raise _Lost()
+                elif first and v.nvmlReturn in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT):
+                    g.unsupported.add(key if lk is None else f"nvlink_{key}")
+        if first:
+            # Capability probe: a field unsupported on the GPU (or on every link) is dropped from
+            # later requests, and its fallback getter takes over.
+            g.last["probed"] = True
+            present_link_keys = {k for (k, lk) in got if lk is not None}
+            g.unsupported -= {f"nvlink_{k}" for k in present_link_keys}
+            self._build_request(g)
+        # Fallbacks cost extra calls, so the per-link state getter rides with the slow group only.
+        if "energy" in g.unsupported:
+            self._read_getter(g, "power")
+        if "nvlink_state" in g.unsupported and g.link_count and (first or what == SLOW[0]):
+            self._read_getter(g, "nvlink_state_getter")
+        return self._assemble(g, got)
+
+    def _assemble(self, g: _Gpu, got: dict) -> GpuSample:
+        tr, i = self.tracker, g.index
+
+        def val(key, lk=None):
+            v = got.get((key, lk))
+            return None if v is None else v[0]
+
+        def rate(key, lk=None, scale=1.0):
+            v = got.get((key, lk))
+            if v is None:
+                tr.delta((i, key, lk), None, 0.0)
+                return None
+            return tr.rate((i, key, lk), v[0], v[1], scale=scale)
+
+        power = None
+        if (e := got.get(("energy", None))) is not None:
+            power = tr.rate((i, "energy", None), e[0], e[1], scale=1e-3)  # mJ/s → W
+        elif "energy" in g.unsupported:
+            power = g.last.get("power")
+        replay = val("replay")
+        replay_d, _ = tr.delta((i, "replay", None), replay, got.get(("replay", None), (0, 0.0))[1])
+        pcie = PcieLink(
+            gen=g.last.get("pcie_gen"), max_gen=g.max_gen, width=g.last.get("pcie_width"), max_width=g.max_width,
+            device_max_gen=g.device_max_gen, tx_bytes_per_s=rate("pcie_tx"), rx_bytes_per_s=rate("pcie_rx"),
+            replay_errors=replay, replay_errors_delta=replay_d,
+        )
+        getter_states = g.last.get("nvlink_state_getter")
+        links = []
+        for link in g.links:
+            lk = link.link
+            state = val("state", lk)
+            if state is None and getter_states is not None and isinstance(getter_states[lk], int):
+                state = getter_states[lk]
+            errors, deltas = {}, {}
+            for kind in ("crc_flit", "crc_data", "replay", "recovery"):
+                c = got.get((kind, lk))
+                errors[kind] = None if c is None else c[0]
+                deltas[kind], _ = tr.delta((i, kind, lk), errors[kind], 0.0 if c is None else c[1])
+            speed = val("speed", lk)
+            links.append(NvLinkSample(
+                link=lk, active=None if state is None else state in (1, 3), version=link.version,
+                speed_mbps=speed or None, remote_type=link.remote_type, remote_pci_bus_id=link.remote_bus_id,
+                tx_bytes_per_s=rate("tx", lk, 1024.0), rx_bytes_per_s=rate("rx", lk, 1024.0),
+                errors=errors, errors_delta=deltas,
+            ))
+        return GpuSample(
+            index=i, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id, lost=False,
+            power_w=power, power_limit_w=g.last.get("power_limit"), power_default_limit_w=g.default_limit_w,
+            power_max_limit_w=g.max_limit_w, energy_j=None if val("energy") is None else val("energy") / 1000,
+            temperature_c=g.last.get("temperature"), utilization_pct=g.last.get("utilization"),
+            throttle_reasons=g.last.get("throttle"), pcie=pcie, nvlink=tuple(links),
+            nvlink_count=g.link_count, notes=tuple(g.notes.values()),
+        )
+
+
+def _explain_init_error(nv, e: Exception) -> str:
+    if isinstance(e, nv.NVMLError_LibraryNotFound):
+        return "NVIDIA driver library (libnvidia-ml.so.1) not found: no driver installed, GPU data unavailable"
+    if isinstance(e, nv.NVMLError_DriverNotLoaded):
+        return "NVIDIA driver not loaded (nvmlInit: Driver Not Loaded): GPU data unavailable"
+    if isinstance(e, nv.NVMLError_NoPermission):
+        return "no permission to open the NVIDIA devices (nvmlInit: Insufficient Permissions)"
+    return f"nvmlInit failed: {e}"

@@ -1,0 +1,176 @@
+"""The immutable `Sample` of one node at one tick, and its JSON form.
+
+Data flows one way: collectors build these objects (hardware units are converted and cumulative
+counters turned into rates there, once); store, wire, audit and views only read them.
+
+Conventions: SI base units unless the field name says otherwise (`*_bytes_per_s`, `power_w`,
+`temperature_c`, `rate_gbps`); `None` means "could not be read" (the reason is in `notes`);
+cumulative counters keep their raw value, and `*_delta` holds their rise over the interval
+(`None` when unknown: first tick, counter reset, saturated 32-bit counter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+SCHEMA = 1
+
+NVLINK_ERROR_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+IB_ERROR_KINDS = (
+    "symbol_error",
+    "link_downed",
+    "port_rcv_errors",
+    "link_error_recovery",
+    "port_xmit_discards",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLink:
+    """A PCIe link as the device sees it. `gen`/`width` are current, `max_*` what device+slot allow."""
+
+    gen: int | None = None
+    max_gen: int | None = None
+    width: int | None = None
+    max_width: int | None = None
+    device_max_gen: int | None = None  # what the device itself supports (GPU: nvmlDeviceGetGpuMaxPcieLinkGeneration)
+    tx_bytes_per_s: float | None = None
+    rx_bytes_per_s: float | None = None
+    replay_errors: int | None = None  # cumulative
+    replay_errors_delta: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkSample:
+    link: int
+    active: bool | None
+    version: int | None = None  # NVLink generation: 1..6 (decoded from NVML's enum)
+    speed_mbps: int | None = None  # per direction, as NVML reports it (H100: 26562)
+    remote_type: str | None = None  # "gpu" | "nvswitch" | "ibmnpu" | "unknown" | None
+    remote_pci_bus_id: str | None = None  # NVML form "00000000:18:00.0"; None for switch sentinel
+    tx_bytes_per_s: float | None = None
+    rx_bytes_per_s: float | None = None
+    errors: dict[str, int | None] = field(default_factory=dict)  # cumulative, keys NVLINK_ERROR_KINDS
+    errors_delta: dict[str, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    pci_bus_id: str | None = None
+    lost: bool = False
+    power_w: float | None = None
+    power_limit_w: float | None = None  # enforced limit, after all limiters
+    power_default_limit_w: float | None = None
+    power_max_limit_w: float | None = None
+    energy_j: float | None = None  # cumulative since driver load
+    temperature_c: float | None = None
+    utilization_pct: float | None = None
+    throttle_reasons: tuple[str, ...] | None = ()  # None: could not be read
+    pcie: PcieLink = field(default_factory=PcieLink)
+    nvlink: tuple[NvLinkSample, ...] = ()
+    nvlink_count: int | None = None  # links present (NVML_FI_DEV_NVLINK_LINK_COUNT)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class IbPortSample:
+    device: str
+    port: int
+    state: str | None = None  # "ACTIVE", "DOWN", ...
+    phys_state: str | None = None  # "LinkUp", "Polling", "Disabled", ...
+    rate_gbps: float | None = None
+    rate_name: str | None = None  # "HDR", "NDR", "EDR", ...
+    link_layer: str | None = None  # "InfiniBand" | "Ethernet"
+    tx_bytes_per_s: float | None = None
+    rx_bytes_per_s: float | None = None
+    errors: dict[str, int | None] = field(default_factory=dict)
+    errors_delta: dict[str, int | None] = field(default_factory=dict)
+    pcie: PcieLink = field(default_factory=PcieLink)
+    pci_bus_id: str | None = None  # sysfs form "0000:18:00.0"
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PciDeviceLink:
+    """A PCIe link read from sysfs for a device NVML does not cover (an NVSwitch)."""
+
+    pci_bus_id: str
+    kind: str  # "nvswitch"
+    pcie: PcieLink = field(default_factory=PcieLink)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """GPU×GPU connectivity as `nvidia-smi topo -m` shows it, plus a board class.
+
+    class_: "nvswitch" (all-to-all through NVSwitch), "mesh" (all-to-all, direct links),
+    "pairs" (GPUs bridged two by two), "partial", "none" (no active NVLink), "unknown".
+    matrix[i][j]: "X" on the diagonal, "NV<n>" for n bonded NVLinks, else "NODE"/"SYS"
+    (same / other NUMA node) or "PCI" when the NUMA node is unknown.
+    """
+
+    class_: str
+    matrix: tuple[tuple[str, ...], ...] = ()
+    nvswitch_links: tuple[int, ...] = ()  # per GPU: active links whose remote is an NVSwitch
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    hostname: str | None = None
+    kernel: str | None = None
+    cpu_pct: float | None = None
+    mem_used_pct: float | None = None
+    load1: float | None = None
+    uptime_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlStatus:
+    available: bool
+    error: str | None = None  # why not, e.g. "NVML Shared Library Not Found"
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    capabilities: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    node: str
+    ts: float  # unix seconds, UTC
+    interval_s: float
+    gpus: tuple[GpuSample, ...]
+    topology: Topology
+    ib: tuple[IbPortSample, ...]
+    host: HostSample
+    nvml: NvmlStatus
+    nvswitches: tuple[PciDeviceLink, ...] = ()
+    notes: tuple[str, ...] = ()
+    schema: int = SCHEMA
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses → plain dicts/lists for JSON. `class_` is written as `class`."""
+    if is_dataclass(obj):
+        out = {}
+        for f in fields(obj):
+            key = "class" if f.name == "class_" else f.name
+            out[key] = to_jsonable(getattr(obj, f.name))
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, float):
+        return round(obj, 3)
+    return obj
+
+
+def sample_to_dict(sample: Sample) -> dict[str, Any]:
+    d = to_jsonable(sample)
+    # Contract order: schema first.
+    return {"schema": d.pop("schema"), **d}

@@ -1,0 +1,456 @@
+"""Terminal views of a `Sample` and an `AuditReport`, built with Rich.
+
+Layout target: an SRE over SSH on an 80×24 terminal. Each GPU, IB port and finding is one line at
+80 columns; detail that does not fit a cell (which link is down, per-counter error rises) goes to a
+short "Problems" list under the tables. Wider terminals get the same layout.
+
+Two rules hold everywhere here:
+- Meaning never rides on colour alone: every state also carries a symbol or a word (✓ fine, ✗ fault,
+  ! warning, ↑ rising), so the output reads the same when piped or on a monochrome terminal.
+- Strings that come from hardware or the network (GPU names, device names, notes, messages that
+  quote them) are shown literally: control characters are stripped and they go into `Text`
+  objects (never parsed as markup), or through `rich.markup.escape` where markup is built.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from nvmon.audit import SEVERITY_RANK, AuditReport, Finding, describe_board, is_busy
+from nvmon.model import GpuSample, IbPortSample, PcieLink, Sample
+from nvmon.specs import GpuSpec, gpu_spec_for
+
+OK, BAD, WARN, UP = "✓", "✗", "!", "↑"
+DASH = "-"  # shown for None: "could not be read"
+MAX_LIST_LINES = 10  # Problems / Notes: this many lines, then "… and N more"
+
+# C0/C1 controls (ESC starts terminal sequences), zero-width and bidi overrides that can make
+# a name render as something else.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(value: Any) -> str:
+    """`value` as a string with control characters removed; None → "-"."""
+    return DASH if value is None else _UNSAFE.sub("", str(value))
+
+
+def literal(value: Any, style: str = "") -> Text:
+    """A `Text` that shows `value` exactly (minus control characters), never as markup."""
+    return Text(plain(value), style=style)
+
+
+def markup_safe(value: Any) -> str:
+    """`value` ready to be embedded in a Rich markup string."""
+    return escape(plain(value))
+
+
+def _one_line(text: Text) -> Text:
+    """`text` that never wraps: cut with "…" when its column is squeezed."""
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
+def _gbps(bytes_per_s: float | None) -> str:
+    if bytes_per_s is None:
+        return DASH
+    g = bytes_per_s / 1e9
+    return f"{g:.1f}" if g < 9.95 else f"{g:.0f}"  # 3 significant digits are plenty, and narrower
+
+
+def _txrx(tx: float | None, rx: float | None) -> str:
+    return DASH if tx is None and rx is None else f"{_gbps(tx)}/{_gbps(rx)}"
+
+
+def _num(value: float | None, fmt: str = "{:.0f}") -> str:
+    return DASH if value is None else fmt.format(value)
+
+
+def _table() -> Table:
+    # Two spaces between columns, none at the edges, a rule under the header: light and narrow.
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 2))
+
+
+def _col(table: Table, header: str, *, right: bool = False, squeeze: bool = False) -> None:
+    """A column that never wraps. `squeeze`: may be narrowed (its cells then end in "…")."""
+    # Rich narrows only wrappable columns; squeezable cells are `_one_line` Texts, so they still
+    # never wrap (a Text's own no_wrap wins over its column's).
+    table.add_column(header, justify="right" if right else "left", vertical="bottom",
+                     no_wrap=not squeeze, overflow="ellipsis")
+
+
+def _title(words: str) -> Text:
+    return Text(words, style="bold")
+
+
+# ---------------------------------------------------------------- cells
+
+
+def pcie_cell(p: PcieLink, busy: bool = True, spec: GpuSpec | None = None) -> Text:
+    """'Gen5 x16' when healthy; a shortfall as now/expected, e.g. '✗ Gen3/5 x8/16'.
+
+    Expected is the best of what the link allows and what the SKU's spec needs. ✗ marks a
+    fault: a narrow link, a slow link under load, or a slot below the spec. A lower gen on an idle
+    device is power saving, not a fault: shown dim, without ✗.
+    """
+    if p.gen is None and p.width is None:
+        return Text(DASH)
+    want_gen = max([g for g in (p.max_gen, spec.pcie_gen if spec else None) if g is not None], default=None)
+    want_width = max([w for w in (p.max_width, spec.pcie_width if spec else None) if w is not None],
+                     default=None)
+    gen = "Gen?" if p.gen is None else f"Gen{p.gen}"
+    if p.gen is not None and want_gen is not None and p.gen < want_gen:
+        gen += f"/{want_gen}"
+    width = "x?" if p.width is None else f"x{p.width}"
+    if p.width is not None and want_width is not None and p.width < want_width:
+        width += f"/{want_width}"
+    text = f"{gen} {width}"
+    narrow = p.width is not None and want_width is not None and p.width < want_width
+    slow = p.gen is not None and p.max_gen is not None and p.gen < p.max_gen
+    if narrow or (slow and busy) or _below_spec(p, spec):
+        return Text(f"{BAD} {text}", style="bold red")
+    if slow:
+        return Text(text, style="dim")
+    return Text(text)
+
+
+def _below_spec(p: PcieLink, spec: GpuSpec | None) -> bool:
+    """The slot itself cannot reach what the SKU needs (host or BIOS limits the link)."""
+    return spec is not None and ((p.max_gen is not None and p.max_gen < spec.pcie_gen)
+                                 or (p.max_width is not None and p.max_width < spec.pcie_width))
+
+
+def _nvlink_cell(gpu: GpuSample, spec: GpuSpec | None) -> Text:
+    total = gpu.nvlink_count if gpu.nvlink_count is not None else len(gpu.nvlink)
+    if not total:
+        return Text(DASH)
+    active = sum(1 for link in gpu.nvlink if link.active)
+    # A SKU is judged by its own link count: 12 of 18 slots on a bridged H100 PCIe is healthy.
+    expected = spec.nvlink_links if spec is not None else total
+    text = f"{active}/{total}"
+    return Text(f"{BAD} {text}", style="bold red") if active < expected else Text(text)
+
+
+# Throttle (clocks event) reasons → short flags; warnings first in the Flags cell.
+_THROTTLE_FLAGS = {
+    "sw_power_cap": "pwrcap", "hw_power_brake": "brake", "sw_thermal": "thermal", "hw_thermal": "thermal",
+    "hw_slowdown": "slowdown", "sync_boost": "sync", "applications_clocks": "appclk",
+    "display_clocks": "display", "gpu_idle": "idle",
+}
+_QUIET_FLAGS = {"idle", "sync", "appclk", "display"}  # states, not problems
+
+
+def _erring_links(gpu: GpuSample) -> list[str]:
+    where = [f"L{link.link}" for link in gpu.nvlink if any(v for v in link.errors_delta.values())]
+    if gpu.pcie.replay_errors_delta:
+        where.append("PCIe")
+    return where
+
+
+def _errors_known(gpu: GpuSample) -> bool:
+    return gpu.pcie.replay_errors_delta is not None or any(
+        v is not None for link in gpu.nvlink for v in link.errors_delta.values())
+
+
+def _flags_cell(gpu: GpuSample) -> Text:
+    """Throttle short codes and 'err↑ L3' for rising link errors; ✓ when none and errors were read."""
+    flags: list[str] = []
+    for reason in gpu.throttle_reasons or ():
+        flag = _THROTTLE_FLAGS.get(reason, plain(reason))
+        if flag not in flags:
+            flags.append(flag)
+    loud = [f for f in flags if f not in _QUIET_FLAGS]
+    quiet = [f for f in flags if f in _QUIET_FLAGS]
+    erring = _erring_links(gpu)
+    if erring:
+        shown = ",".join(erring[:3]) + (f"+{len(erring) - 3}" if len(erring) > 3 else "")
+        loud.append(f"err{UP} {shown}")
+    text = Text()
+    if loud:
+        text.append(" ".join(loud), style="bold yellow")
+    if quiet:
+        text.append((" " if loud else "") + " ".join(quiet), style="dim")
+    if not flags and not erring:
+        text = Text(OK, style="green") if _errors_known(gpu) else Text(DASH)
+    return _one_line(text)
+
+
+def _short_model(name: str | None) -> str:
+    return plain(name).removeprefix("NVIDIA ")
+
+
+def _models(sample: Sample) -> list[str]:
+    """Distinct GPU model names, in board order."""
+    return list(dict.fromkeys(g.name for g in sample.gpus if g.name))
+
+
+# ---------------------------------------------------------------- tables
+
+
+def _gpu_table(sample: Sample) -> Table:
+    per_row_name = len(_models(sample)) > 1
+    table = _table()
+    _col(table, "GPU", right=True)
+    if per_row_name:
+        _col(table, "Model", squeeze=True)
+    for header in ("Power W", "°C", "Util%"):
+        _col(table, header, right=True)
+    _col(table, "PCIe")
+    _col(table, "PCIe\nGB/s", right=True)
+    _col(table, "NVLink", right=True)
+    _col(table, "NVLink\nGB/s", right=True)
+    _col(table, "Flags", squeeze=True)
+    for gpu in sample.gpus:
+        name = [_one_line(literal(_short_model(gpu.name)))] if per_row_name else []
+        if gpu.lost:
+            table.add_row(str(gpu.index), *name, *[DASH] * 7, Text(f"{BAD} LOST", style="bold red"))
+            continue
+        spec = gpu_spec_for(gpu.name)
+        tx = sum(link.tx_bytes_per_s or 0 for link in gpu.nvlink) if gpu.nvlink else None
+        rx = sum(link.rx_bytes_per_s or 0 for link in gpu.nvlink) if gpu.nvlink else None
+        table.add_row(
+            str(gpu.index), *name, f"{_num(gpu.power_w)}/{_num(gpu.power_limit_w)}", _num(gpu.temperature_c),
+            _num(gpu.utilization_pct), pcie_cell(gpu.pcie, is_busy(gpu), spec),
+            _txrx(gpu.pcie.tx_bytes_per_s, gpu.pcie.rx_bytes_per_s), _nvlink_cell(gpu, spec),
+            _txrx(tx, rx), _flags_cell(gpu),
+        )
+    return table
+
+
+def _topology_table(sample: Sample) -> Table:
+    topo = sample.topology
+    table = _table()
+    _col(table, "")
+    for j in range(len(topo.matrix)):
+        _col(table, f"GPU{j}")
+    _col(table, "NVSw", right=True)
+    for i, row in enumerate(topo.matrix):
+        cells = [literal(c, "bold green" if c.startswith("NV") else "dim" if c == "X" else "") for c in row]
+        sw = topo.nvswitch_links[i] if i < len(topo.nvswitch_links) else None
+        table.add_row(f"GPU{i}", *cells, _num(sw))
+    return table
+
+
+def _ib_state(port: IbPortSample) -> Text:
+    if port.state is None:
+        return Text(DASH)
+    if port.state.upper() == "ACTIVE":
+        return Text(f"{OK} {plain(port.state)}", style="green")
+    return Text(f"{BAD} {plain(port.state)}", style="bold red")
+
+
+def _ib_phys(port: IbPortSample) -> Text:
+    if port.phys_state is None:
+        return Text(DASH)
+    if port.phys_state.lower() == "linkup":
+        return literal(port.phys_state)
+    return Text(f"{BAD} {plain(port.phys_state)}", style="bold red")
+
+
+_LAYERS = {"infiniband": "IB", "ethernet": "Eth"}
+
+
+def _ib_table(sample: Sample) -> Table:
+    table = _table()
+    _col(table, "Port", squeeze=True)
+    _col(table, "State")
+    _col(table, "Phys")
+    _col(table, "Gb/s")
+    _col(table, "Link")
+    _col(table, "GB/s", right=True)
+    _col(table, "Err", squeeze=True)
+    _col(table, "HCA PCIe")
+    for port in sample.ib:
+        rate = DASH if port.rate_gbps is None else f"{port.rate_gbps:g}"
+        if port.rate_name:
+            rate += f" {plain(port.rate_name)}"
+        layer = _LAYERS.get((port.link_layer or "").lower(), plain(port.link_layer))
+        known = any(v is not None for v in port.errors_delta.values())
+        if any(v for v in port.errors_delta.values()):
+            err = Text(f"err{UP}", style="bold yellow")
+        else:
+            err = Text(OK, style="green") if known else Text(DASH)
+        table.add_row(
+            _one_line(literal(f"{plain(port.device)}/{port.port}")), _ib_state(port), _ib_phys(port),
+            literal(rate), _one_line(literal(layer)), _txrx(port.tx_bytes_per_s, port.rx_bytes_per_s),
+            _one_line(err), pcie_cell(port.pcie),
+        )
+    return table
+
+
+def _nvswitch_table(sample: Sample) -> Table:
+    table = _table()
+    _col(table, "NVSwitch", squeeze=True)
+    _col(table, "PCIe")
+    for sw in sample.nvswitches:
+        table.add_row(_one_line(literal(sw.pci_bus_id)), pcie_cell(sw.pcie))
+    return table
+
+
+# ---------------------------------------------------------------- lists under the tables
+
+
+def _counts(deltas: dict[str, int | None]) -> str:
+    return ", ".join(f"{plain(k)} +{v}" for k, v in deltas.items() if v)
+
+
+def _problems(sample: Sample) -> Iterable[Text]:
+    """What the tables only hint at: which links are down, which counters rose, why a slot is short."""
+    over = f"over {sample.interval_s:.2f} s"
+    for gpu in sample.gpus:
+        if gpu.lost:
+            continue
+        spec = gpu_spec_for(gpu.name)
+        down = [str(link.link) for link in gpu.nvlink if link.active is False]
+        total = gpu.nvlink_count if gpu.nvlink_count is not None else len(gpu.nvlink)
+        if down and spec is not None and total == spec.nvlink_links:  # else inactive slots are normal
+            which = f"link {down[0]}" if len(down) == 1 else f"links {', '.join(down)}"
+            yield Text(f"{BAD} GPU {gpu.index} NVLink {which} down", style="red")
+        if _below_spec(gpu.pcie, spec):
+            p = gpu.pcie
+            yield Text(f"{BAD} GPU {gpu.index} PCIe slot allows Gen{p.max_gen} x{p.max_width}, "
+                       f"{spec.key} needs Gen{spec.pcie_gen} x{spec.pcie_width}", style="red")  # type: ignore[union-attr]
+        for link in gpu.nvlink:
+            if any(v for v in link.errors_delta.values()):
+                yield Text(f"{WARN} GPU {gpu.index} link {link.link}: {_counts(link.errors_delta)} {over}",
+                           style="yellow")
+        if gpu.pcie.replay_errors_delta:
+            yield Text(f"{WARN} GPU {gpu.index} PCIe: replay +{gpu.pcie.replay_errors_delta} {over}", style="yellow")
+    for port in sample.ib:
+        if any(v for v in port.errors_delta.values()):
+            yield Text(f"{WARN} {plain(port.device)}/{port.port}: {_counts(port.errors_delta)} {over}",
+                       style="yellow")
+
+
+def _notes(sample: Sample) -> Iterable[Text]:
+    def line(where: str, note: str) -> Text:
+        return Text.assemble((f"{where}: ", "dim"), plain(note))
+
+    for note in sample.notes:
+        yield line("node", note)
+    for gpu in sample.gpus:
+        for note in gpu.notes:
+            yield line(f"GPU {gpu.index}", note)
+    for port in sample.ib:
+        for note in port.notes:
+            yield line(f"{plain(port.device)}/{port.port}", note)
+
+
+def _capped_list(title: str, lines: Iterable[Text]) -> Text | None:
+    """A titled list of at most MAX_LIST_LINES lines, then '… and N more'."""
+    items = list(lines)
+    if not items:
+        return None
+    out = Text(title, style="bold")
+    for item in items[:MAX_LIST_LINES]:
+        out.append("\n  ")
+        out.append_text(item)
+    if len(items) > MAX_LIST_LINES:
+        out.append(f"\n  … and {len(items) - MAX_LIST_LINES} more", style="dim")
+    return out
+
+
+# ---------------------------------------------------------------- the sample view
+
+
+_BOARD_SHORT = {
+    "nvswitch": "all-to-all NVSwitch", "mesh": "all-to-all direct NVLink", "pairs": "NVLink pairs",
+    "partial": "partial NVLink", "none": "no NVLink", "unknown": "unknown",
+}
+
+
+def _header(sample: Sample) -> Text:
+    when = datetime.fromtimestamp(sample.ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = Text()
+    text.append(plain(sample.node), style="bold")
+    text.append(f"  {when}  interval {sample.interval_s:.2f} s\n")
+    if sample.nvml.available:
+        models = _models(sample)
+        n = len(sample.gpus)
+        if len(models) == 1:
+            text.append(f"{n} × ")
+            text.append(plain(models[0]), style="bold")
+        else:
+            text.append(f"{n} GPU{'' if n == 1 else 's'}" + (f" ({len(models)} models)" if models else ""))
+        text.append(f", driver {plain(sample.nvml.driver_version)}")
+        board = sample.topology.class_
+        text.append(f", board: {_BOARD_SHORT.get(board, plain(board))}")
+    else:
+        text.append(f"{BAD} NVML unavailable: {plain(sample.nvml.error)}", style="bold red")
+    host = sample.host
+    if host.kernel or host.cpu_pct is not None:
+        nvml = f"  NVML {plain(sample.nvml.nvml_version)}" if sample.nvml.nvml_version else ""
+        text.append(f"\nkernel {plain(host.kernel)}{nvml}  CPU {_num(host.cpu_pct)} %"
+                    f"  mem {_num(host.mem_used_pct)} %  load {_num(host.load1, '{:.2f}')}", style="dim")
+    return text
+
+
+def render_sample(sample: Sample) -> RenderableType:
+    """One tick of one node: header, GPUs, NVLink matrix, IB ports, NVSwitch links, problems, notes."""
+    parts: list[RenderableType] = [_header(sample)]
+    if sample.gpus:
+        parts += [Text(""), _title("GPUs  (GB/s: tx/rx)"), _gpu_table(sample)]
+    if sample.topology.matrix:
+        parts += [Text(""), _title(f"NVLink topology: {plain(describe_board(sample))}"), _topology_table(sample)]
+    if sample.ib:
+        parts += [Text(""), _title("InfiniBand / RDMA ports  (GB/s: tx/rx)"), _ib_table(sample)]
+    if sample.nvswitches:
+        parts += [Text(""), _title("NVSwitch PCIe links"), _nvswitch_table(sample)]
+    for block in (_capped_list("Problems", _problems(sample)), _capped_list("Notes", _notes(sample))):
+        if block is not None:
+            parts += [Text(""), block]
+    return Group(*parts)
+
+
+# ---------------------------------------------------------------- the audit view
+
+
+_VERDICT_STYLE = {
+    "ok": (OK, "bold green"),
+    "warning": (WARN, "bold yellow"),
+    "critical": (BAD, "bold red"),
+    "unknown": ("?", "bold magenta"),
+}
+_SEVERITY_STYLE = {"critical": (BAD, "bold red"), "warning": (WARN, "yellow"), "info": ("i", "dim")}
+
+
+def _where(f: Finding) -> str:
+    if f.gpu is not None:
+        return f"GPU {f.gpu}" + (f" link {f.link}" if f.link is not None else "")
+    if f.device is not None:
+        return f"{plain(f.device)} port {f.port if f.port is not None else '?'}"
+    return "node"
+
+
+def render_audit(report: AuditReport) -> RenderableType:
+    """'✗ CRITICAL — 1 critical, 2 warning — node', then one finding per line, most severe first.
+
+    Each finding: severity symbol, code, where, message; only the message wraps.
+    """
+    symbol, style = _VERDICT_STYLE.get(report.verdict, ("?", "bold"))
+    counts = {s: sum(1 for f in report.findings if f.severity == s) for s in SEVERITY_RANK}
+    line = Text()
+    line.append(f"{symbol} {plain(report.verdict).upper()}", style=style)
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no findings"
+    line.append(f" — {summary} — ")
+    line.append(plain(report.node), style="bold")
+    if not report.findings:
+        return line
+    table = Table.grid(padding=(0, 0, 0, 2), pad_edge=False)
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True, overflow="ellipsis", max_width=20)
+    table.add_column(no_wrap=True, overflow="ellipsis", max_width=16)
+    table.add_column(ratio=1)  # the message: the only column that wraps
+    # Stable sort: within a severity, the audit's own order (node, then GPU by GPU, then IB).
+    for f in sorted(report.findings, key=lambda f: SEVERITY_RANK.get(f.severity, len(SEVERITY_RANK))):
+        sym, sstyle = _SEVERITY_STYLE.get(f.severity, ("?", ""))
+        table.add_row(Text(sym, style=sstyle), literal(f.code, sstyle), literal(_where(f)), literal(f.message))
+    return Group(line, table)

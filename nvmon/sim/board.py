@@ -1,0 +1,273 @@
+"""A simulated GPU node: the physical truth behind the fake NVML library and the fake sysfs tree.
+
+Every cumulative counter is a closed-form function of time since the board started (traffic is a
+square wave: all-reduce bursts, or a constant level), so readings are deterministic for a seed and
+a time, monotonic, and cost O(1) no matter how far the clock jumps (benchmarks fast-forward it).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid as _uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nvmon.sim.profiles import PROFILES, BoardProfile
+from nvmon.sim.scenario import Fault, Scenario
+
+# Traffic shapes per load: (period s, duty, hi level, lo level) as a fraction of the link's bandwidth.
+_NVLINK_SHAPE = {"idle": (1.0, 1.0, 0.0005, 0.0005), "allreduce": (2.0, 0.45, 0.80, 0.02), "busy": (1.0, 1.0, 0.55, 0.55)}
+_IB_SHAPE = {"idle": (1.0, 1.0, 0.0002, 0.0002), "allreduce": (2.0, 0.45, 0.60, 0.01), "busy": (1.0, 1.0, 0.40, 0.40)}
+# GPU power as a fraction of the power limit: compute phase (lo traffic) is the hungrier one.
+_POWER_SHAPE = {"idle": (1.0, 1.0, 0.11, 0.11), "allreduce": (2.0, 0.45, 0.70, 0.82), "busy": (1.0, 1.0, 0.80, 0.80)}
+_PCIE_BYTES_PER_S = {"idle": 4e6, "allreduce": 1.8e9, "busy": 2.5e9}
+_UTIL = {"idle": 0, "allreduce": 97, "busy": 100}
+
+# NVLink error growth per second on a faulty link, and IB error growth on a faulty port.
+_NVLINK_ERR_RATE = {"crc_flit": 5.0, "crc_data": 2.0, "replay": 3.0, "recovery": 0.1}
+_IB_ERR_RATE = {"symbol_error": 3.0, "port_rcv_errors": 1.0, "link_error_recovery": 0.05}
+IB_ERR_WIDTH = {"symbol_error": 16, "link_downed": 8, "port_rcv_errors": 16, "link_error_recovery": 8,
+                "port_xmit_discards": 16}
+
+
+def square_integral(t: float, shape: tuple[float, float, float, float], phase: float) -> float:
+    """∫₀ᵗ level(s) ds for a square wave that is `hi` for the first `duty` of each period, then `lo`."""
+    period, duty, hi, lo = shape
+
+    def cum(x: float) -> float:
+        n, r = divmod(x, period)
+        on = duty * period
+        return n * period * (duty * hi + (1 - duty) * lo) + min(r, on) * hi + max(0.0, r - on) * lo
+
+    return cum(t + phase) - cum(phase)
+
+
+def square_level(t: float, shape: tuple[float, float, float, float], phase: float) -> float:
+    period, duty, hi, lo = shape
+    return hi if ((t + phase) % period) < duty * period else lo
+
+
+@dataclass(slots=True)
+class SimGpu:
+    index: int
+    uuid: str
+    serial: str
+    bus_id: str  # NVML form
+    link_factor: list[tuple[float, float]]  # per link (tx, rx) share of the wave
+    kib_base: list[tuple[int, int]]
+    err_base: list[dict[str, int]]
+    energy_base_mj: int
+    pcie_base: tuple[int, int]
+    replay_base: int
+
+
+class SimBoard:
+    """One simulated node. `clock` returns unix seconds; tests and benchmarks may pass their own."""
+
+    def __init__(self, scenario: Scenario, *, clock: Callable[[], float] = time.time, node: str = "sim-node"):
+        self.scenario = scenario
+        self.profile: BoardProfile = PROFILES[scenario.profile]
+        self.clock = clock
+        self.node = node
+        self.t0 = clock()
+        rng = random.Random(scenario.seed)
+        self.phase = rng.uniform(0, 2.0)
+        p = self.profile
+        self.gpus: list[SimGpu] = []
+        for i in range(p.gpus):
+            self.gpus.append(
+                SimGpu(
+                    index=i,
+                    uuid="GPU-" + str(_uuid.UUID(int=rng.getrandbits(128), version=4)),
+                    serial=f"{1650000000000 + rng.randrange(10**9)}",
+                    bus_id=p.gpu_bus_id(i),
+                    link_factor=[(rng.uniform(0.9, 1.0), rng.uniform(0.9, 1.0)) for _ in range(p.link_slots)],
+                    kib_base=[(rng.randrange(10**9, 10**11), rng.randrange(10**9, 10**11)) for _ in range(p.link_slots)],
+                    # Old, settled error counts: absolute values must never be judged, only their rise.
+                    err_base=[{k: (rng.randrange(0, 4) if rng.random() < 0.2 else 0) for k in _NVLINK_ERR_RATE}
+                              for _ in range(p.link_slots)],
+                    energy_base_mj=rng.randrange(10**9, 10**11),
+                    pcie_base=(rng.randrange(10**12), rng.randrange(10**12)),
+                    replay_base=rng.randrange(0, 3),
+                )
+            )
+        self.ib_names = [f"mlx5_{i}" for i in range(p.ib_ports)]
+        self.ib_word_base = [(rng.randrange(10**10, 10**12), rng.randrange(10**10, 10**12)) for _ in self.ib_names]
+        self.ib_err_base = [{k: rng.randrange(0, 3) for k in IB_ERR_WIDTH} for _ in self.ib_names]
+
+    # ---- time and faults -------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Seconds since the board started."""
+        return max(0.0, self.clock() - self.t0)
+
+    def faults(self, kind: str, t: float) -> list[Fault]:
+        return [f for f in self.scenario.faults if f.kind == kind and t >= f.after_s]
+
+    def _fault_start(self, kind: str, **match) -> float | None:
+        starts = [f.after_s for f in self.scenario.faults
+                  if f.kind == kind and all(getattr(f, k) == v for k, v in match.items())]
+        return min(starts) if starts else None
+
+    def gpu_lost(self, gpu: int, t: float) -> bool:
+        return any(f.gpu == gpu for f in self.faults("gpu_lost", t))
+
+    def notsup(self, what: str, gpu: int, t: float) -> bool:
+        return any(f.what == what and f.gpu in (None, gpu) for f in self.faults("notsup", t))
+
+    # ---- NVLink ----------------------------------------------------------------------------
+
+    def link_peer(self, gpu: int, link: int) -> tuple[str, int | None]:
+        """('gpu', peer index) for bridged pairs, ('nvswitch', switch index) behind switches."""
+        p = self.profile
+        if p.fabric == "pairs":
+            return "gpu", gpu ^ 1
+        return "nvswitch", link % max(1, p.switches)
+
+    def _link_down_since(self, gpu: int, link: int) -> float | None:
+        starts = [self._fault_start("nvlink_down", gpu=gpu, link=link)]
+        if self.profile.fabric == "pairs":  # a dead bridge link is dead at both ends
+            starts.append(self._fault_start("nvlink_down", gpu=gpu ^ 1, link=link))
+        starts = [s for s in starts if s is not None]
+        return min(starts) if starts else None
+
+    def link_active(self, gpu: int, link: int, t: float) -> bool:
+        if link >= self.profile.links_used:
+            return False
+        since = self._link_down_since(gpu, link)
+        return since is None or t < since
+
+    def link_kib(self, gpu: int, link: int, t: float) -> tuple[int, int]:
+        """Cumulative (tx, rx) KiB, as NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX count them."""
+        g = self.gpus[gpu]
+        if link >= self.profile.links_used:
+            return g.kib_base[link]
+        since = self._link_down_since(gpu, link)
+        lost = self._fault_start("gpu_lost", gpu=gpu)
+        tt = min(t, since if since is not None else t, lost if lost is not None else t)
+        w = square_integral(tt, _NVLINK_SHAPE[self.scenario.load], self.phase)
+        bw_kib = self.profile.link_mbps * 1e6 / 1024
+        ftx, frx = g.link_factor[link]
+        return g.kib_base[link][0] + int(bw_kib * w * ftx), g.kib_base[link][1] + int(bw_kib * w * frx)
+
+    def link_errors(self, gpu: int, link: int, t: float) -> dict[str, int]:
+        base = self.gpus[gpu].err_base[link]
+        start = self._fault_start("nvlink_errors", gpu=gpu, link=link)
+        if start is None or t < start:
+            return dict(base)
+        return {k: base[k] + int(rate * (t - start)) for k, rate in _NVLINK_ERR_RATE.items()}
+
+    # ---- power, thermal, PCIe ---------------------------------------------------------------
+
+    def power_limit_w(self, gpu: int, t: float) -> float:
+        caps = [f for f in self.faults("power_cap", t) if f.gpu == gpu]
+        if caps:
+            v = caps[-1].value
+            return float(v) if v is not None else round(self.profile.power_limit_w * 0.6)
+        return float(self.profile.power_limit_w)
+
+    def _power_shape(self, gpu: int, t: float) -> tuple[float, float, float, float]:
+        period, duty, hi, lo = _POWER_SHAPE[self.scenario.load]
+        lim = self.profile.power_limit_w
+        cap = self.power_limit_w(gpu, t)
+        return period, duty, min(hi * lim, cap), min(lo * lim, cap)
+
+    def _uncapped_power_shape(self) -> tuple[float, float, float, float]:
+        period, duty, hi, lo = _POWER_SHAPE[self.scenario.load]
+        lim = self.profile.power_limit_w
+        return period, duty, hi * lim, lo * lim
+
+    def energy_mj(self, gpu: int, t: float) -> int:
+        """Cumulative energy (mJ): the uncapped power wave until a cap starts, the capped one after."""
+        start = self._fault_start("power_cap", gpu=gpu)
+        if start is None or t < start:
+            e = square_integral(t, self._uncapped_power_shape(), self.phase)
+        else:
+            capped = self._power_shape(gpu, t)
+            e = (square_integral(start, self._uncapped_power_shape(), self.phase)
+                 + square_integral(t, capped, self.phase) - square_integral(start, capped, self.phase))
+        return self.gpus[gpu].energy_base_mj + int(e * 1000)
+
+    def power_mw(self, gpu: int, t: float) -> int:
+        return int(square_level(t, self._power_shape(gpu, t), self.phase) * 1000)
+
+    def demand_over_cap(self, gpu: int, t: float) -> bool:
+        period, duty, hi, lo = _POWER_SHAPE[self.scenario.load]
+        demand = square_level(t, (period, duty, hi, lo), self.phase) * self.profile.power_limit_w
+        return demand > self.power_limit_w(gpu, t)
+
+    def hot(self, gpu: int, t: float) -> bool:
+        return any(f.gpu == gpu for f in self.faults("thermal", t))
+
+    def temperature_c(self, gpu: int, t: float) -> int:
+        if self.hot(gpu, t):
+            return 92
+        base = {"idle": 31, "allreduce": 62, "busy": 66}[self.scenario.load]
+        return base + gpu % 3 + int(t) % 2
+
+    def utilization(self, gpu: int, t: float) -> int:
+        u = _UTIL[self.scenario.load]
+        return u if u in (0, 100) else u + (int(t) + gpu) % 3
+
+    def clocks_event_reasons(self, gpu: int, t: float) -> int:
+        reasons = 0
+        if self.scenario.load == "idle":
+            reasons |= 0x1  # GpuIdle
+        if self.demand_over_cap(gpu, t):
+            reasons |= 0x4  # SwPowerCap
+        if self.hot(gpu, t):
+            reasons |= 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
+        return reasons
+
+    def pcie_gen(self, gpu: int, t: float) -> int:
+        if self.scenario.load == "idle":
+            return 1  # idle downshift: power management, not a fault
+        stuck = [f for f in self.faults("pcie_gen", t) if f.gpu == gpu]
+        return int(stuck[-1].value) if stuck else self.profile.pcie_gen
+
+    def pcie_width(self, gpu: int, t: float) -> int:
+        narrow = [f for f in self.faults("pcie_width", t) if f.gpu == gpu]
+        return int(narrow[-1].value) if narrow else self.profile.pcie_width
+
+    def pcie_bytes(self, gpu: int, t: float) -> tuple[int, int]:
+        rate = _PCIE_BYTES_PER_S[self.scenario.load]
+        base = self.gpus[gpu].pcie_base
+        return base[0] + int(rate * t * 0.4), base[1] + int(rate * t)
+
+    # ---- InfiniBand ---------------------------------------------------------------------------
+
+    def ib_index(self, port: str) -> int:
+        return int(port) if port.isdigit() else int(port.split("_")[1])
+
+    def _ib_faults(self, kind: str, i: int, t: float) -> list[Fault]:
+        return [f for f in self.faults(kind, t) if self.ib_index(f.port) == i]
+
+    def ib_state(self, i: int, t: float) -> tuple[str, str, float, str]:
+        """(state, phys_state, rate Gb/s, link layer) of port i."""
+        if self._ib_faults("ib_down", i, t):
+            return "DOWN", "Polling", 10.0, "InfiniBand"
+        slow = self._ib_faults("ib_rate", i, t)
+        rate = float(slow[-1].value) if slow else float(self.profile.ib_rate_gbps)
+        layer = "Ethernet" if self._ib_faults("ib_eth", i, t) else "InfiniBand"
+        return "ACTIVE", "LinkUp", rate, layer
+
+    def ib_words(self, i: int, t: float) -> tuple[int, int]:
+        """Cumulative (xmit, rcv) data counters in 4-octet words, as the kernel exposes them."""
+        down = [f.after_s for f in self.scenario.faults if f.kind == "ib_down" and self.ib_index(f.port) == i]
+        tt = min([t] + down)
+        slow = self._ib_faults("ib_rate", i, t)
+        rate = float(slow[-1].value) if slow else float(self.profile.ib_rate_gbps)
+        w = square_integral(tt, _IB_SHAPE[self.scenario.load], self.phase + 0.3)
+        bytes_ = rate * 1e9 / 8 * w
+        base = self.ib_word_base[i]
+        return base[0] + int(bytes_ / 4), base[1] + int(bytes_ * 0.98 / 4)
+
+    def ib_errors(self, i: int, t: float) -> dict[str, int]:
+        """Cumulative PMA error counters; they saturate at their width, like the real ones."""
+        errs = dict(self.ib_err_base[i])
+        starts = [f.after_s for f in self.scenario.faults if f.kind == "ib_errors" and self.ib_index(f.port) == i]
+        if starts and t >= min(starts):
+            for k, rate in _IB_ERR_RATE.items():
+                errs[k] = min(errs[k] + int(rate * (t - min(starts))), (1 << IB_ERR_WIDTH[k]) - 1)
+        return errs

@@ -1,0 +1,421 @@
+"""A fake libnvidia-ml under the real `pynvml` wrappers.
+
+`load_sim_pynvml(board)` executes a private copy of the installed `pynvml.py` (its own globals, so
+several simulated nodes and the real bindings coexist in one process) and sets its `nvmlLib` to a
+`FakeNvmlLib`. Every public wrapper then runs unchanged: it resolves the C symbol through
+`_nvmlGetFunctionPointer`, builds the real ctypes structures, calls our Python function with the
+same arguments the C library would get (ctypes `byref` pointers, string buffers, Python ints), and
+maps our return code through `_nvmlCheckReturn` to the real `NVMLError_*` classes.
+
+Only the C symbols nvmon needs are implemented; any other symbol raises `NVMLError_FunctionNotFound`
+just as an old driver would. `tests/test_sim_surface.py` proves each one is a symbol the installed
+pynvml really calls, with the argument count its wrapper passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import itertools
+import sys
+import types
+
+import pynvml as _real_pynvml
+
+from nvmon.sim.board import SimBoard
+from nvmon.collect.nvml_fields import NVLINK_GEN_TO_ENUM
+
+# Return codes (values from nvml.h; identical in every pynvml).
+SUCCESS = 0
+ERROR_UNINITIALIZED = 1
+ERROR_INVALID_ARGUMENT = 2
+ERROR_NOT_SUPPORTED = 3
+ERROR_DRIVER_NOT_LOADED = 9
+ERROR_GPU_IS_LOST = 15
+
+# Field ids nvmon's collector asks for (pynvml names; see nvmon/collect/nvml_fields.py).
+FI_TOTAL_ENERGY = 83
+FI_LINK_COUNT = 91
+FI_PCIE_REPLAY = 94
+FI_THROUGHPUT_DATA_TX = 138
+FI_THROUGHPUT_DATA_RX = 139
+FI_ERROR_DL_REPLAY = 161
+FI_ERROR_DL_RECOVERY = 162
+FI_ERROR_DL_CRC = 163
+FI_GET_SPEED = 164
+FI_GET_STATE = 165
+FI_GET_VERSION = 166
+FI_PCIE_TX_BYTES = 197
+FI_PCIE_RX_BYTES = 198
+FI_CRC_DATA_PER_LINK = {**{39 + i: i for i in range(6)}, **{102 + i: 6 + i for i in range(6)}}
+
+VT_UINT = 1
+VT_ULL = 3
+
+_HANDLE_BASE = 0x5100_0000
+_module_ids = itertools.count()
+
+
+def _val(x) -> int:
+    """C-level integer arguments arrive as Python ints or ctypes scalars, like a real CDLL call."""
+    return x.value if hasattr(x, "value") else int(x)
+
+
+def _out(ptr):
+    """The ctypes object behind a `byref()` argument."""
+    return ptr._obj
+
+
+class FakeNvmlLib:
+    """Stands in for `CDLL("libnvidia-ml.so.1")`: attributes are C symbols returning nvmlReturn_t."""
+
+    def __init__(self, board: SimBoard):
+        self.board = board
+        self.initialized = 0
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _t(self) -> float:
+        return self.board.now()
+
+    def _gpu(self, handle) -> int | None:
+        addr = ctypes.cast(handle, ctypes.c_void_p).value
+        if addr is None:
+            return None
+        i = addr - _HANDLE_BASE
+        return i if 0 <= i < len(self.board.gpus) else None
+
+    def _check(self, handle) -> tuple[int, int | None]:
+        """(return code, gpu index) for a per-device call."""
+        if not self.initialized:
+            return ERROR_UNINITIALIZED, None
+        g = self._gpu(handle)
+        if g is None:
+            return ERROR_INVALID_ARGUMENT, None
+        if self.board.gpu_lost(g, self._t()):
+            return ERROR_GPU_IS_LOST, None
+        return SUCCESS, g
+
+    def _uint_getter(self, handle, ptr, fn, notsup: str | None = None) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        if notsup and self.board.notsup(notsup, g, self._t()):
+            return ERROR_NOT_SUPPORTED
+        _out(ptr).value = fn(g)
+        return SUCCESS
+
+    @staticmethod
+    def _put_str(buf, size, text: str) -> int:
+        data = text.encode()
+        if len(data) + 1 > _val(size):
+            return 7  # NVML_ERROR_INSUFFICIENT_SIZE
+        buf.value = data
+        return SUCCESS
+
+    # -- library lifecycle ----------------------------------------------------------------------
+
+    def nvmlInitWithFlags(self, flags) -> int:
+        if not self.board.scenario.nvml:
+            return ERROR_DRIVER_NOT_LOADED
+        self.initialized += 1
+        return SUCCESS
+
+    def nvmlShutdown(self) -> int:
+        if not self.initialized:
+            return ERROR_UNINITIALIZED
+        self.initialized -= 1
+        return SUCCESS
+
+    def nvmlSystemGetDriverVersion(self, buf, size) -> int:
+        return self._put_str(buf, size, self.board.profile.driver)
+
+    def nvmlSystemGetNVMLVersion(self, buf, size) -> int:
+        return self._put_str(buf, size, self.board.profile.nvml_version)
+
+    def nvmlDeviceGetCount_v2(self, ptr) -> int:
+        if not self.initialized:
+            return ERROR_UNINITIALIZED
+        _out(ptr).value = len(self.board.gpus)
+        return SUCCESS
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index, ptr) -> int:
+        if not self.initialized:
+            return ERROR_UNINITIALIZED
+        i = _val(index)
+        if not 0 <= i < len(self.board.gpus):
+            return ERROR_INVALID_ARGUMENT
+        if self.board.gpu_lost(i, self._t()):
+            return ERROR_GPU_IS_LOST
+        ctypes.c_void_p.from_buffer(_out(ptr)).value = _HANDLE_BASE + i
+        return SUCCESS
+
+    # -- identity -------------------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle, buf, size) -> int:
+        rc, g = self._check(handle)
+        return rc or self._put_str(buf, size, self.board.profile.gpu_name)
+
+    def nvmlDeviceGetUUID(self, handle, buf, size) -> int:
+        rc, g = self._check(handle)
+        return rc or self._put_str(buf, size, self.board.gpus[g].uuid)
+
+    def nvmlDeviceGetSerial(self, handle, buf, size) -> int:
+        rc, g = self._check(handle)
+        return rc or self._put_str(buf, size, self.board.gpus[g].serial)
+
+    def nvmlDeviceGetIndex(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: g)
+
+    @staticmethod
+    def _fill_pci(info, bus_id: str, device_id: int) -> None:
+        dom, bus, rest = bus_id.split(":")
+        info.busId = bus_id.encode()
+        info.busIdLegacy = f"{int(dom, 16) & 0xFFFF:04X}:{bus}:{rest}".encode()
+        info.domain = int(dom, 16)
+        info.bus = int(bus, 16)
+        info.device = int(rest.split(".")[0], 16)
+        info.pciDeviceId = device_id
+
+    def nvmlDeviceGetPciInfo_v3(self, handle, ptr) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        self._fill_pci(_out(ptr), self.board.gpus[g].bus_id, self.board.profile.pci_device_id)
+        return SUCCESS
+
+    # -- power and thermal ------------------------------------------------------------------------
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.profile.power_limit_w * 1000)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: int(self.board.power_limit_w(g, self._t()) * 1000))
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle, pmin, pmax) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        _out(pmin).value = self.board.profile.power_min_w * 1000
+        _out(pmax).value = self.board.profile.power_max_w * 1000
+        return SUCCESS
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: int(self.board.power_limit_w(g, self._t()) * 1000))
+
+    def nvmlDeviceGetPowerUsage(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.power_mw(g, self._t()))
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.energy_mj(g, self._t()), "energy")
+
+    def nvmlDeviceGetTemperatureV(self, handle, ptr) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        st = _out(ptr)
+        if st.version != _real_pynvml.nvmlTemperature_v1:
+            return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        if _val(st.sensorType) != 0 or self.board.notsup("temperature", g, self._t()):
+            return ERROR_NOT_SUPPORTED
+        st.temperature = self.board.temperature_c(g, self._t())
+        return SUCCESS
+
+    def nvmlDeviceGetTemperature(self, handle, sensor, ptr) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        if _val(sensor) != 0 or self.board.notsup("temperature", g, self._t()):
+            return ERROR_NOT_SUPPORTED
+        _out(ptr).value = self.board.temperature_c(g, self._t())
+        return SUCCESS
+
+    def nvmlDeviceGetUtilizationRates(self, handle, ptr) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        if self.board.notsup("utilization", g, self._t()):
+            return ERROR_NOT_SUPPORTED
+        u = _out(ptr)
+        u.gpu = self.board.utilization(g, self._t())
+        u.memory = u.gpu // 2
+        return SUCCESS
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.clocks_event_reasons(g, self._t()), "throttle")
+
+    # -- PCIe ---------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.pcie_gen(g, self._t()))
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.profile.pcie_gen)
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.profile.gpu_pcie_gen)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.pcie_width(g, self._t()))
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.profile.pcie_width)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle, ptr) -> int:
+        return self._uint_getter(handle, ptr, lambda g: self.board.gpus[g].replay_base)
+
+    # -- NVLink getters -----------------------------------------------------------------------------
+
+    def _link(self, handle, link) -> tuple[int, int | None, int | None]:
+        rc, g = self._check(handle)
+        if rc:
+            return rc, None, None
+        lk = _val(link)
+        if not 0 <= lk < self.board.profile.link_slots:
+            # Past the real count: INVALID_ARGUMENT, as GB200 answers (NVML-FACTS §1.2).
+            return ERROR_INVALID_ARGUMENT, None, None
+        return SUCCESS, g, lk
+
+    def nvmlDeviceGetNvLinkState(self, handle, link, ptr) -> int:
+        rc, g, lk = self._link(handle, link)
+        if rc:
+            return rc
+        _out(ptr).value = int(self.board.link_active(g, lk, self._t()))
+        return SUCCESS
+
+    def nvmlDeviceGetNvLinkVersion(self, handle, link, ptr) -> int:
+        rc, g, lk = self._link(handle, link)
+        if rc:
+            return rc
+        _out(ptr).value = NVLINK_GEN_TO_ENUM[self.board.profile.nvlink_gen]
+        return SUCCESS
+
+    def _remote(self, g: int, lk: int) -> tuple[str, int | None]:
+        return self.board.link_peer(g, lk)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link, ptr) -> int:
+        rc, g, lk = self._link(handle, link)
+        if rc:
+            return rc
+        if lk >= self.board.profile.links_used:
+            return ERROR_NOT_SUPPORTED
+        kind, _ = self._remote(g, lk)
+        _out(ptr).value = 0 if kind == "gpu" else 2  # NVML_NVLINK_DEVICE_TYPE_GPU / _SWITCH
+        return SUCCESS
+
+    def nvmlDeviceGetNvLinkRemotePciInfo_v2(self, handle, link, ptr) -> int:
+        rc, g, lk = self._link(handle, link)
+        if rc:
+            return rc
+        if lk >= self.board.profile.links_used:
+            return ERROR_NOT_SUPPORTED
+        kind, peer = self._remote(g, lk)
+        p = self.board.profile
+        if kind == "gpu":
+            bus_id, dev = self.board.gpus[peer].bus_id, p.pci_device_id
+        elif p.switch_sentinel:
+            bus_id, dev = "FFFFFFFF:FF:FF.0", 0xFFFFFFFF
+        else:
+            bus_id, dev = "0000" + p.switch_bdf(peer).upper(), 0x22A310DE
+        self._fill_pci(_out(ptr), bus_id, dev)
+        return SUCCESS
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle, link, counter, ptr) -> int:
+        rc, g, lk = self._link(handle, link)
+        if rc:
+            return rc
+        key = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}.get(_val(counter))
+        if key is None:
+            return ERROR_NOT_SUPPORTED
+        _out(ptr).value = self.board.link_errors(g, lk, self._t())[key]
+        return SUCCESS
+
+    # -- field values ---------------------------------------------------------------------------------
+
+    def nvmlDeviceGetFieldValues(self, handle, count, ptr) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        values = _out(ptr)
+        t = self._t()
+        ts_us = int(self.board.clock() * 1e6)
+        b = self.board
+        p = b.profile
+        slots = p.link_slots
+        blackwell = p.nvlink_gen is not None and p.nvlink_gen >= 5
+        link_cache: dict[int, tuple] = {}
+
+        def link_data(lk: int):
+            if lk not in link_cache:
+                link_cache[lk] = (b.link_kib(g, lk, t), b.link_errors(g, lk, t))
+            return link_cache[lk]
+
+        for i in range(_val(count)):
+            v = values[i]
+            fid, scope = v.fieldId, v.scopeId
+            v.timestamp = ts_us
+            v.latencyUsec = 0
+            ret, vt, val = SUCCESS, VT_ULL, 0
+            if fid == FI_TOTAL_ENERGY:
+                ret = ERROR_NOT_SUPPORTED if b.notsup("energy", g, t) else SUCCESS
+                val = b.energy_mj(g, t)
+            elif fid == FI_LINK_COUNT:
+                vt, val = VT_UINT, slots
+            elif fid == FI_PCIE_REPLAY:
+                vt, val = VT_UINT, b.gpus[g].replay_base
+            elif fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
+                ret = ERROR_NOT_SUPPORTED if b.notsup("pcie_bytes", g, t) else SUCCESS
+                val = b.pcie_bytes(g, t)[fid - FI_PCIE_TX_BYTES]
+            elif fid in (FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX, FI_ERROR_DL_REPLAY, FI_ERROR_DL_RECOVERY,
+                         FI_ERROR_DL_CRC, FI_GET_SPEED, FI_GET_STATE, FI_GET_VERSION):
+                if scope >= slots:
+                    ret = ERROR_INVALID_ARGUMENT
+                elif fid in (FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX):
+                    val = link_data(scope)[0][fid - FI_THROUGHPUT_DATA_TX]
+                elif fid in (FI_ERROR_DL_REPLAY, FI_ERROR_DL_RECOVERY, FI_ERROR_DL_CRC):
+                    if blackwell:  # "unsupported for Blackwell+" (nvml.h)
+                        ret = ERROR_NOT_SUPPORTED
+                    else:
+                        key = {FI_ERROR_DL_REPLAY: "replay", FI_ERROR_DL_RECOVERY: "recovery",
+                               FI_ERROR_DL_CRC: "crc_flit"}[fid]
+                        val = link_data(scope)[1][key]
+                elif fid == FI_GET_STATE:
+                    vt = VT_UINT
+                    if b.notsup("nvlink_state_field", g, t):
+                        ret = ERROR_NOT_SUPPORTED
+                    else:
+                        val = int(b.link_active(g, scope, t))
+                elif fid == FI_GET_SPEED:
+                    vt = VT_UINT
+                    val = p.link_mbps if b.link_active(g, scope, t) else 0
+                else:  # FI_GET_VERSION
+                    vt, val = VT_UINT, NVLINK_GEN_TO_ENUM[p.nvlink_gen] if slots else 0
+            elif fid in FI_CRC_DATA_PER_LINK:
+                lk = FI_CRC_DATA_PER_LINK[fid]
+                if lk >= slots or blackwell:
+                    ret = ERROR_NOT_SUPPORTED
+                else:
+                    val = link_data(lk)[1]["crc_data"]
+            else:
+                ret = ERROR_NOT_SUPPORTED  # unmodelled field: per-entry, the call still succeeds
+            v.nvmlReturn = ret
+            v.valueType = vt
+            if vt == VT_UINT:
+                v.value.uiVal = val & 0xFFFFFFFF
+            else:
+                v.value.ullVal = val
+        return SUCCESS
+
+
+def load_sim_pynvml(board: SimBoard) -> types.ModuleType:
+    """A private copy of the installed `pynvml` whose C library is the simulator."""
+    name = f"nvmon._sim_pynvml_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(name, _real_pynvml.__file__)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pynvml looks itself up in sys.modules while importing
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    module.nvmlLib = FakeNvmlLib(board)
+    return module

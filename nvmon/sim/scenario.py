@@ -1,0 +1,170 @@
+"""The `--sim` spec: a board profile, traffic, seed and planted faults, in one string.
+
+Syntax: ``PROFILE[,KEY=VALUE]...`` — for example::
+
+    hgx-h100
+    hgx-h100,load=idle,seed=7
+    hgx-h100,nvlink_down=2.5,pcie_width=3:8,ib_rate=mlx5_1:100,power_cap=4:350
+    pairs-a100,gpu_lost=6@30          (GPU 6 falls off the bus 30 s into the run)
+
+GPUs are numbered from 0, `G.L` is GPU G link L, IB ports are named by device (`mlx5_3`) or by
+index (`3`). Any fault value may end in ``@SECONDS``: the fault starts that long after the board
+starts. Keys (repeatable unless noted):
+
+    seed=N                 deterministic traffic (default 1)          [once]
+    load=idle|allreduce|busy   traffic pattern (default allreduce)    [once]
+    nvlink_down=G.L        link inactive (the peer's end too on bridged pairs)
+    nvlink_errors=G.L      CRC/replay/recovery counters rising on that link
+    pcie_width=G[:W]       GPU PCIe link trained at xW (default x8)
+    pcie_gen=G[:N]         GPU PCIe stuck at GenN under load (default Gen3)
+    ib_down=P              IB port down (state DOWN, phys Polling)
+    ib_rate=P[:GBPS]       IB port up at a lower rate (default 100)
+    ib_eth=P               port in Ethernet (RoCE) mode instead of InfiniBand
+    ib_errors=P            IB symbol/receive errors rising
+    power_cap=G[:W]        enforced power limit lowered (default 60 % of spec); throttles under load
+    thermal=G              GPU hot (92 °C) with thermal slowdown
+    gpu_lost=G             GPU has fallen off the bus (NVML: GPU is lost)
+    notsup=WHAT[:G]        an NVML query answers Not Supported (WHAT: temperature, utilization,
+                           throttle, energy, nvlink_state_field, pcie_bytes); all GPUs unless :G
+    nvml=off               no NVIDIA driver loaded (nvmlInit fails)                 [once]
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from nvmon.sim.profiles import PROFILES
+
+LOADS = ("idle", "allreduce", "busy")
+NOTSUP = ("temperature", "utilization", "throttle", "energy", "nvlink_state_field", "pcie_bytes")
+FAULT_KEYS = (
+    "nvlink_down", "nvlink_errors", "pcie_width", "pcie_gen", "ib_down", "ib_rate", "ib_eth",
+    "ib_errors", "power_cap", "thermal", "gpu_lost", "notsup",
+)
+
+
+class SimSpecError(ValueError):
+    """A malformed `--sim` spec; the message is one line, meant for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str
+    gpu: int | None = None
+    link: int | None = None
+    port: str | None = None  # IB device name or index as text
+    value: float | None = None  # width, gen, rate, watts
+    what: str | None = None  # notsup target
+    after_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    profile: str
+    seed: int = 1
+    load: str = "allreduce"
+    nvml: bool = True
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+
+def _int(text: str, what: str, spec: str) -> int:
+    if not re.fullmatch(r"\d+", text):
+        raise SimSpecError(f"--sim {spec!r}: {what} must be a number, got {text!r}")
+    return int(text)
+
+
+def _num(text: str, what: str, spec: str) -> float:
+    if not re.fullmatch(r"\d+(\.\d+)?", text):
+        raise SimSpecError(f"--sim {spec!r}: {what} must be a number, got {text!r}")
+    return float(text)
+
+
+def parse_scenario(spec: str) -> Scenario:
+    """Parse a `--sim` spec; raises SimSpecError with a one-line message."""
+    parts = [p.strip() for p in spec.split(",")]
+    profile = parts[0].lower()
+    if profile not in PROFILES:
+        raise SimSpecError(f"--sim: unknown board profile {parts[0]!r}; known: {', '.join(PROFILES)}")
+    seed, load, nvml = 1, "allreduce", True
+    faults: list[Fault] = []
+    for part in parts[1:]:
+        if not part:
+            continue
+        if "=" not in part:
+            raise SimSpecError(f"--sim {spec!r}: expected KEY=VALUE, got {part!r}")
+        key, value = (s.strip() for s in part.split("=", 1))
+        key = key.lower().replace("-", "_")
+        if key == "seed":
+            seed = _int(value, "seed", spec)
+        elif key == "load":
+            if value not in LOADS:
+                raise SimSpecError(f"--sim {spec!r}: load must be one of {', '.join(LOADS)}")
+            load = value
+        elif key == "nvml":
+            if value not in ("on", "off"):
+                raise SimSpecError(f"--sim {spec!r}: nvml must be on or off")
+            nvml = value == "on"
+        elif key in FAULT_KEYS:
+            faults.append(_parse_fault(key, value, spec))
+        else:
+            raise SimSpecError(
+                f"--sim {spec!r}: unknown key {key!r}; known: seed, load, nvml, {', '.join(FAULT_KEYS)}"
+            )
+    prof = PROFILES[profile]
+    for f in faults:
+        if f.gpu is not None and f.gpu >= prof.gpus:
+            raise SimSpecError(f"--sim {spec!r}: {f.kind}: GPU {f.gpu} does not exist on {profile} ({prof.gpus} GPUs)")
+        if f.link is not None and f.link >= prof.link_slots:
+            raise SimSpecError(
+                f"--sim {spec!r}: {f.kind}: link {f.link} does not exist on {profile} ({prof.link_slots} links)"
+            )
+        if f.port is not None and f.port.isdigit() and int(f.port) >= prof.ib_ports:
+            raise SimSpecError(f"--sim {spec!r}: {f.kind}: IB port {f.port} does not exist ({prof.ib_ports} ports)")
+        if f.port is not None and not f.port.isdigit():
+            m = re.fullmatch(r"mlx5_(\d+)", f.port)
+            if not m or int(m.group(1)) >= prof.ib_ports:
+                raise SimSpecError(f"--sim {spec!r}: {f.kind}: no IB device {f.port!r} (mlx5_0..mlx5_{prof.ib_ports - 1})")
+    return Scenario(profile=profile, seed=seed, load=load, nvml=nvml, faults=tuple(faults))
+
+
+def _parse_fault(kind: str, value: str, spec: str) -> Fault:
+    after = 0.0
+    if "@" in value:
+        value, at = value.rsplit("@", 1)
+        after = _num(at, f"{kind} start time", spec)
+    arg: str | None = None
+    if ":" in value:
+        value, arg = value.split(":", 1)
+    if kind in ("nvlink_down", "nvlink_errors"):
+        m = re.fullmatch(r"(\d+)\.(\d+)", value)
+        if not m or arg is not None:
+            raise SimSpecError(f"--sim {spec!r}: {kind} takes GPU.LINK, e.g. {kind}=2.5")
+        return Fault(kind, gpu=int(m.group(1)), link=int(m.group(2)), after_s=after)
+    if kind in ("ib_down", "ib_rate", "ib_eth", "ib_errors"):
+        if not re.fullmatch(r"\d+|mlx5_\d+", value):
+            raise SimSpecError(f"--sim {spec!r}: {kind} takes an IB port: mlx5_N or N")
+        if arg is not None and kind != "ib_rate":
+            raise SimSpecError(f"--sim {spec!r}: {kind} takes no ':' argument")
+        rate = _num(arg, "IB rate", spec) if arg is not None else (100.0 if kind == "ib_rate" else None)
+        return Fault(kind, port=value, value=rate, after_s=after)
+    if kind == "notsup":
+        if value not in NOTSUP:
+            raise SimSpecError(f"--sim {spec!r}: notsup takes one of {', '.join(NOTSUP)}")
+        gpu = _int(arg, "GPU", spec) if arg is not None else None
+        return Fault(kind, gpu=gpu, what=value, after_s=after)
+    gpu = _int(value, f"{kind} GPU", spec)
+    if kind in ("thermal", "gpu_lost"):
+        if arg is not None:
+            raise SimSpecError(f"--sim {spec!r}: {kind} takes only a GPU number")
+        return Fault(kind, gpu=gpu, after_s=after)
+    val = _num(arg, f"{kind} value", spec) if arg is not None else None
+    if kind == "pcie_width":
+        val = 8.0 if val is None else val
+        if val not in (1, 2, 4, 8, 16):
+            raise SimSpecError(f"--sim {spec!r}: pcie_width must be 1, 2, 4, 8 or 16")
+    elif kind == "pcie_gen":
+        val = 3.0 if val is None else val
+        if not 1 <= val <= 6:
+            raise SimSpecError(f"--sim {spec!r}: pcie_gen must be 1..6")
+    return Fault(kind, gpu=gpu, value=val, after_s=after)

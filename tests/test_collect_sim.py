@@ -1,0 +1,244 @@
+"""The NVML collector and node sampler, run through the real pynvml wrappers over the simulator,
+with a controlled clock so that rates can be checked exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvmon.collect.node import NodeSampler
+from nvmon.collect.nvml import NvmlCollector
+from nvmon.sim.board import square_integral
+from nvmon.sim.node import SimNode
+from nvmon.sim.profiles import PROFILES
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(spec: str, clock: Clock | None = None):
+    clock = clock or Clock()
+    node = SimNode(spec, clock=clock)
+    sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n1", before_tick=node.sync, clock=clock)
+    sampler.open()
+    return node, sampler, clock
+
+
+@pytest.fixture
+def h100():
+    node, sampler, clock = make("hgx-h100,seed=3")
+    yield node, sampler, clock
+    node.close()
+
+
+def two_ticks(sampler, clock, dt=1.0):
+    sampler.sample()
+    clock.t += dt
+    return sampler.sample()
+
+
+def test_nvlink_rate_is_exact_kib_delta_over_field_timestamps(h100):
+    node, sampler, clock = h100
+    b = node.board
+    t0 = b.now()
+    s = two_ticks(sampler, clock, 1.0)
+    link = s.gpus[2].nvlink[7]
+    kib0, kib1 = b.link_kib(2, 7, t0), b.link_kib(2, 7, t0 + 1.0)
+    assert link.tx_bytes_per_s == pytest.approx((kib1[0] - kib0[0]) * 1024.0)
+    assert link.rx_bytes_per_s == pytest.approx((kib1[1] - kib0[1]) * 1024.0)
+    # and that is the all-reduce wave: between 2 % and 80 % of 26.562 GB/s
+    assert 0.01 * 26.562e9 < link.tx_bytes_per_s < 0.81 * 26.562e9
+
+
+def test_power_is_energy_slope(h100):
+    node, sampler, clock = h100
+    b = node.board
+    t0 = b.now()
+    s = two_ticks(sampler, clock, 2.0)
+    expected = (b.energy_mj(0, t0 + 2) - b.energy_mj(0, t0)) / 1000 / 2.0
+    assert s.gpus[0].power_w == pytest.approx(expected)
+    assert 0.7 * 700 <= s.gpus[0].power_w <= 0.82 * 700
+
+
+def test_static_facts_and_shapes(h100):
+    _, sampler, clock = h100
+    s = two_ticks(sampler, clock)
+    assert len(s.gpus) == 8 and s.topology.class_ == "nvswitch"
+    g = s.gpus[0]
+    assert g.name == "NVIDIA H100 80GB HBM3" and g.uuid.startswith("GPU-") and g.pci_bus_id == "00000000:18:00.0"
+    assert (g.power_limit_w, g.power_default_limit_w, g.power_max_limit_w) == (700.0, 700.0, 700.0)
+    assert (g.pcie.gen, g.pcie.max_gen, g.pcie.width, g.pcie.max_width) == (5, 5, 16, 16)
+    assert g.nvlink_count == 18 and len(g.nvlink) == 18
+    assert all(lk.active and lk.version == 4 and lk.speed_mbps == 26562 for lk in g.nvlink)
+    assert {lk.remote_type for lk in g.nvlink} == {"nvswitch"}
+    assert s.topology.matrix[0][1] == "NV18"
+    assert len(s.ib) == 8 and all(p.rate_gbps == 400 and p.rate_name == "NDR" for p in s.ib)
+    assert len(s.nvswitches) == 4
+    assert s.interval_s == pytest.approx(1.0)
+
+
+def test_steady_state_costs_two_nvml_calls_per_gpu_per_tick(h100):
+    _, sampler, clock = h100
+    two_ticks(sampler, clock)
+    before = sampler.nvml.calls[0]
+    ticks = 40
+    for _ in range(ticks):
+        clock.t += 1
+        sampler.sample()
+    assert (sampler.nvml.calls[0] - before) / ticks / 8 == 2
+
+
+def test_rotated_values_are_carried_over_and_refreshed():
+    node, sampler, clock = make("hgx-h100,thermal=3@5")
+    try:
+        s = two_ticks(sampler, clock)
+        assert s.gpus[3].temperature_c < 80 and s.gpus[3].throttle_reasons == ()
+        seen_hot = False
+        for _ in range(25):  # temperature is in the slow group: refreshed within 20 ticks
+            clock.t += 1
+            s = sampler.sample()
+            assert s.gpus[3].temperature_c is not None
+            seen_hot |= s.gpus[3].temperature_c == 92
+        assert seen_hot and "sw_thermal" in s.gpus[3].throttle_reasons
+    finally:
+        node.close()
+
+
+def test_gpu_lost_mid_run_leaves_the_others_flowing():
+    node, sampler, clock = make("hgx-h100,gpu_lost=4@3")
+    try:
+        s = two_ticks(sampler, clock)
+        assert not any(g.lost for g in s.gpus)
+        clock.t += 3
+        s = sampler.sample()
+        lost = s.gpus[4]
+        assert lost.lost and lost.power_w is None and lost.nvlink == ()
+        assert lost.uuid is not None and lost.pci_bus_id == "00000000:9A:00.0"  # static facts kept
+        clock.t += 1
+        s = sampler.sample()
+        for g in s.gpus:
+            if g.index != 4:
+                assert not g.lost and g.power_w is not None and g.nvlink[0].tx_bytes_per_s is not None
+        assert s.topology.class_ == "nvswitch"  # judged on the GPUs that answer
+    finally:
+        node.close()
+
+
+def test_gpu_lost_from_start_is_reported_not_fatal():
+    node, sampler, clock = make("hgx-h100,gpu_lost=0")
+    try:
+        s = two_ticks(sampler, clock)
+        assert s.gpus[0].lost and not s.gpus[1].lost and len(s.gpus) == 8
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("what,check,caps", [
+    ("temperature", lambda g: g.temperature_c is None, ["temperature"]),
+    ("utilization", lambda g: g.utilization_pct is None, ["utilization"]),
+    ("throttle", lambda g: g.throttle_reasons is None, ["throttle"]),
+    ("pcie_bytes", lambda g: g.pcie.tx_bytes_per_s is None and g.pcie.rx_bytes_per_s is None, ["pcie_rx", "pcie_tx"]),
+])
+def test_unsupported_query_is_local_to_that_value(what, check, caps):
+    node, sampler, clock = make(f"hgx-h100,notsup={what}:2")
+    try:
+        s = two_ticks(sampler, clock)
+        assert check(s.gpus[2])
+        assert not check(s.gpus[1])
+        assert s.nvml.capabilities["unsupported"] == {c: [2] for c in caps}
+        assert s.gpus[2].power_w is not None and s.gpus[2].nvlink[0].tx_bytes_per_s is not None
+    finally:
+        node.close()
+
+
+def test_energy_unsupported_falls_back_to_power_usage():
+    node, sampler, clock = make("hgx-h100,notsup=energy:1")
+    try:
+        s = two_ticks(sampler, clock)
+        assert s.gpus[1].energy_j is None and s.gpus[1].power_w is not None and s.gpus[1].power_w > 100
+    finally:
+        node.close()
+
+
+def test_link_state_field_unsupported_falls_back_to_getter():
+    node, sampler, clock = make("hgx-h100,notsup=nvlink_state_field,nvlink_down=1.4")
+    try:
+        s = two_ticks(sampler, clock)
+        assert [lk.active for lk in s.gpus[1].nvlink].count(False) == 1
+        assert s.gpus[1].nvlink[4].active is False
+        assert all(lk.active for lk in s.gpus[0].nvlink)
+    finally:
+        node.close()
+
+
+def test_blackwell_error_fields_unsupported_are_null_not_zero():
+    node, sampler, clock = make("hgx-b200")
+    try:
+        s = two_ticks(sampler, clock)
+        link = s.gpus[0].nvlink[0]
+        assert link.errors == {"crc_flit": None, "crc_data": None, "replay": None, "recovery": None}
+        assert link.tx_bytes_per_s is not None and link.version == 5 and link.remote_pci_bus_id is None
+        assert "nvlink_replay" in s.nvml.capabilities["unsupported"]
+    finally:
+        node.close()
+
+
+def test_error_deltas_not_absolute_counts():
+    node, sampler, clock = make("hgx-h100,nvlink_errors=2.3")
+    try:
+        s = two_ticks(sampler, clock, 2.0)
+        d = s.gpus[2].nvlink[3].errors_delta
+        assert d["crc_flit"] == 10 and d["replay"] == 6 and d["crc_data"] == 4
+        assert all(v == 0 for lk in s.gpus[0].nvlink for v in lk.errors_delta.values() if v is not None)
+        # data-CRC exists per link only for links 0..11 (one field id each); beyond: unknown, not 0
+        assert [lk.errors_delta["crc_data"] is None for lk in s.gpus[0].nvlink] == [False] * 12 + [True] * 6
+    finally:
+        node.close()
+
+
+def test_nvml_off_still_samples_ib_and_host():
+    node, sampler, clock = make("hgx-h100,nvml=off")
+    try:
+        s = two_ticks(sampler, clock)
+        assert s.gpus == () and not s.nvml.available and "Driver Not Loaded" in s.nvml.error
+        assert len(s.ib) == 8 and s.ib[0].tx_bytes_per_s is not None
+        assert s.host.hostname and any("NVML unavailable" in n for n in s.notes)
+    finally:
+        node.close()
+
+
+def test_never_probes_links_past_the_reported_count():
+    node, sampler, clock = make("hgx-a800")
+    try:
+        collector: NvmlCollector = sampler.nvml
+        s = two_ticks(sampler, clock)
+        assert [len(g.nvlink) for g in s.gpus] == [8] * 8
+        for g in collector.gpus:
+            assert all(scope < 8 for item in g.request if isinstance(item, tuple) for scope in [item[1]])
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_profile_samples_cleanly(profile):
+    node, sampler, clock = make(profile)
+    try:
+        s = two_ticks(sampler, clock)
+        p = PROFILES[profile]
+        assert len(s.gpus) == p.gpus and len(s.ib) == p.ib_ports
+        assert s.topology.class_ == {"nvswitch": "nvswitch", "pairs": "pairs", "none": "none"}[p.fabric]
+        assert all(g.notes == () for g in s.gpus)
+        assert all(not n for n in s.notes)
+    finally:
+        node.close()
+
+
+def test_square_integral_is_monotonic_and_matches_average():
+    shape = (2.0, 0.45, 0.8, 0.02)
+    xs = [square_integral(t / 10, shape, 0.7) for t in range(200)]
+    assert all(b >= a for a, b in zip(xs, xs[1:]))
+    assert square_integral(20.0, shape, 0.7) == pytest.approx(20.0 * (0.45 * 0.8 + 0.55 * 0.02))
