@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -75,8 +75,9 @@ def _num(value: float | None, fmt: str = "{:.0f}") -> str:
 
 
 def _table() -> Table:
-    # Two spaces between columns, none at the edges, a rule under the header: light and narrow.
-    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 2))
+    # Two spaces between columns (the box's blank divider and one pad), none at the edges, a rule
+    # under the header: light and narrow.
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
 
 
 def _col(table: Table, header: str, *, right: bool = False, squeeze: bool = False) -> None:
@@ -142,7 +143,7 @@ def _nvlink_cell(gpu: GpuSample, spec: GpuSpec | None) -> Text:
 # Throttle (clocks event) reasons → short flags; warnings first in the Flags cell.
 _THROTTLE_FLAGS = {
     "sw_power_cap": "pwrcap", "hw_power_brake": "brake", "sw_thermal": "thermal", "hw_thermal": "thermal",
-    "hw_slowdown": "slowdown", "sync_boost": "sync", "applications_clocks": "appclk",
+    "hw_slowdown": "hwslow", "sync_boost": "sync", "applications_clocks": "appclk",
     "display_clocks": "display", "gpu_idle": "idle",
 }
 _QUIET_FLAGS = {"idle", "sync", "appclk", "display"}  # states, not problems
@@ -264,7 +265,7 @@ def _ib_table(sample: Sample) -> Table:
     _col(table, "State")
     _col(table, "Phys")
     _col(table, "Gb/s")
-    _col(table, "Link")
+    _col(table, "Layer")
     _col(table, "GB/s", right=True)
     _col(table, "Err", squeeze=True)
     _col(table, "HCA PCIe")
@@ -302,9 +303,25 @@ def _counts(deltas: dict[str, int | None]) -> str:
     return ", ".join(f"{plain(k)} +{v}" for k, v in deltas.items() if v)
 
 
-def _problems(sample: Sample) -> Iterable[Text]:
-    """What the tables only hint at: which links are down, which counters rose, why a slot is short."""
+_Item = tuple[Text, Text]  # (lead: symbol or place, body); the body wraps under itself
+
+
+def _fault(body: str) -> _Item:
+    return Text(BAD, style="bold red"), Text(body)
+
+
+def _rise(body: str) -> _Item:
+    return Text(WARN, style="bold yellow"), Text(body)
+
+
+def _problems(sample: Sample) -> list[_Item]:
+    """What the tables only hint at: which links are down, which counters rose, why a slot is short.
+
+    Faults (✗) first, then rising counters (!), each in board order.
+    """
     over = f"over {sample.interval_s:.2f} s"
+    faults: list[_Item] = []
+    rises: list[_Item] = []
     for gpu in sample.gpus:
         if gpu.lost:
             continue
@@ -312,50 +329,44 @@ def _problems(sample: Sample) -> Iterable[Text]:
         down = [str(link.link) for link in gpu.nvlink if link.active is False]
         total = gpu.nvlink_count if gpu.nvlink_count is not None else len(gpu.nvlink)
         if down and spec is not None and total == spec.nvlink_links:  # else inactive slots are normal
-            which = f"link {down[0]}" if len(down) == 1 else f"links {', '.join(down)}"
-            yield Text(f"{BAD} GPU {gpu.index} NVLink {which} down", style="red")
-        if _below_spec(gpu.pcie, spec):
+            which = f"NVLink {down[0]}" if len(down) == 1 else f"NVLinks {', '.join(down)}"
+            faults.append(_fault(f"GPU {gpu.index} {which} down"))
+        if spec is not None and _below_spec(gpu.pcie, spec):
             p = gpu.pcie
-            yield Text(f"{BAD} GPU {gpu.index} PCIe slot allows Gen{p.max_gen} x{p.max_width}, "
-                       f"{spec.key} needs Gen{spec.pcie_gen} x{spec.pcie_width}", style="red")  # type: ignore[union-attr]
+            faults.append(_fault(f"GPU {gpu.index} PCIe slot allows Gen{plain(p.max_gen)} x{plain(p.max_width)}, "
+                                 f"{spec.key} needs Gen{spec.pcie_gen} x{spec.pcie_width}"))
         for link in gpu.nvlink:
             if any(v for v in link.errors_delta.values()):
-                yield Text(f"{WARN} GPU {gpu.index} link {link.link}: {_counts(link.errors_delta)} {over}",
-                           style="yellow")
+                rises.append(_rise(f"GPU {gpu.index} link {link.link}: {_counts(link.errors_delta)} {over}"))
         if gpu.pcie.replay_errors_delta:
-            yield Text(f"{WARN} GPU {gpu.index} PCIe: replay +{gpu.pcie.replay_errors_delta} {over}", style="yellow")
+            rises.append(_rise(f"GPU {gpu.index} PCIe: replay +{gpu.pcie.replay_errors_delta} {over}"))
     for port in sample.ib:
         if any(v for v in port.errors_delta.values()):
-            yield Text(f"{WARN} {plain(port.device)}/{port.port}: {_counts(port.errors_delta)} {over}",
-                       style="yellow")
+            rises.append(_rise(f"{plain(port.device)}/{port.port}: {_counts(port.errors_delta)} {over}"))
+    return faults + rises
 
 
-def _notes(sample: Sample) -> Iterable[Text]:
-    def line(where: str, note: str) -> Text:
-        return Text.assemble((f"{where}: ", "dim"), plain(note))
+def _notes(sample: Sample) -> list[_Item]:
+    def item(where: str, note: str) -> _Item:
+        return Text(f"{where}:", style="dim"), literal(note)
 
-    for note in sample.notes:
-        yield line("node", note)
-    for gpu in sample.gpus:
-        for note in gpu.notes:
-            yield line(f"GPU {gpu.index}", note)
-    for port in sample.ib:
-        for note in port.notes:
-            yield line(f"{plain(port.device)}/{port.port}", note)
+    return ([item("node", n) for n in sample.notes]
+            + [item(f"GPU {g.index}", n) for g in sample.gpus for n in g.notes]
+            + [item(f"{plain(p.device)}/{p.port}", n) for p in sample.ib for n in p.notes])
 
 
-def _capped_list(title: str, lines: Iterable[Text]) -> Text | None:
-    """A titled list of at most MAX_LIST_LINES lines, then '… and N more'."""
-    items = list(lines)
+def _capped_list(title: str, items: list[_Item]) -> RenderableType | None:
+    """A titled list of at most MAX_LIST_LINES items, then '… and N more'; bodies wrap under themselves."""
     if not items:
         return None
-    out = Text(title, style="bold")
-    for item in items[:MAX_LIST_LINES]:
-        out.append("\n  ")
-        out.append_text(item)
+    grid = Table.grid(padding=(0, 0, 0, 1))
+    grid.add_column(no_wrap=True)  # two-space indent, then the lead
+    grid.add_column()
+    for lead, body in items[:MAX_LIST_LINES]:
+        grid.add_row(Text("  ") + lead, body)
     if len(items) > MAX_LIST_LINES:
-        out.append(f"\n  … and {len(items) - MAX_LIST_LINES} more", style="dim")
-    return out
+        grid.add_row("", Text(f"… and {len(items) - MAX_LIST_LINES} more", style="dim"))
+    return Group(_title(title), grid)
 
 
 # ---------------------------------------------------------------- the sample view
@@ -379,7 +390,10 @@ def _header(sample: Sample) -> Text:
             text.append(f"{n} × ")
             text.append(plain(models[0]), style="bold")
         else:
-            text.append(f"{n} GPU{'' if n == 1 else 's'}" + (f" ({len(models)} models)" if models else ""))
+            text.append(f"{n} GPU{'' if n == 1 else 's'}")
+            if models:  # mixed: the per-row Model column is cut short at 80 columns, so spell them out here
+                per_model = [sum(1 for g in sample.gpus if g.name == m) for m in models]
+                text.append(" (" + ", ".join(f"{k} × {_short_model(m)}" for k, m in zip(per_model, models)) + ")")
         text.append(f", driver {plain(sample.nvml.driver_version)}")
         board = sample.topology.class_
         text.append(f", board: {_BOARD_SHORT.get(board, plain(board))}")
@@ -448,7 +462,7 @@ def render_audit(report: AuditReport) -> RenderableType:
     table.add_column(no_wrap=True)
     table.add_column(no_wrap=True, overflow="ellipsis", max_width=20)
     table.add_column(no_wrap=True, overflow="ellipsis", max_width=16)
-    table.add_column(ratio=1)  # the message: the only column that wraps
+    table.add_column()  # the message: the only column that wraps
     # Stable sort: within a severity, the audit's own order (node, then GPU by GPU, then IB).
     for f in sorted(report.findings, key=lambda f: SEVERITY_RANK.get(f.severity, len(SEVERITY_RANK))):
         sym, sstyle = _SEVERITY_STYLE.get(f.severity, ("?", ""))

@@ -218,7 +218,7 @@ def test_never_probes_links_past_the_reported_count():
         s = two_ticks(sampler, clock)
         assert [len(g.nvlink) for g in s.gpus] == [8] * 8
         for g in collector.gpus:
-            assert all(scope < 8 for item in g.request if isinstance(item, tuple) for scope in [item[1]])
+            assert all(item[1] < 8 for item in g.batch.request if isinstance(item, tuple))
     finally:
         node.close()
 
@@ -233,6 +233,27 @@ def test_every_profile_samples_cleanly(profile):
         assert s.topology.class_ == {"nvswitch": "nvswitch", "pairs": "pairs", "none": "none"}[p.fabric]
         assert all(g.notes == () for g in s.gpus)
         assert all(not n for n in s.notes)
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-batch", "public-wrapper"])
+def test_both_field_value_paths_give_the_same_sample(direct):
+    """The fast path (pynvml's C symbol + one reused array) and the public wrapper must agree."""
+    clock = Clock()
+    node = SimNode("hgx-h100,seed=5,nvlink_errors=3.2", clock=clock)
+    try:
+        sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n1", before_tick=node.sync, clock=clock)
+        sampler.nvml.direct_fields = direct
+        sampler.open()
+        assert all(g.batch.direct is direct for g in sampler.nvml.gpus)
+        s = two_ticks(sampler, clock, 2.0)
+        g = s.gpus[3]
+        b = node.board
+        t = b.now()
+        assert g.nvlink[2].tx_bytes_per_s == pytest.approx((b.link_kib(3, 2, t)[0] - b.link_kib(3, 2, t - 2)[0]) * 512.0)
+        assert g.nvlink[2].errors_delta == {"crc_flit": 10, "crc_data": 4, "replay": 6, "recovery": 0}
+        assert g.energy_j == b.energy_mj(3, t) / 1000
     finally:
         node.close()
 

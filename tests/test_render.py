@@ -29,13 +29,22 @@ def rows(text: str, first_cell: str) -> list[str]:
 
 def test_healthy_sample_sections():
     out = text_of(render_sample(healthy_sample()))
-    assert "gpu-node-01" in out and "2024-05-01 12:00:00 UTC" in out and "driver 550.54.15" in out
-    assert "board nvswitch" in out
+    assert "gpu-node-01" in out and "2024-05-01 12:00:00 UTC" in out and "interval 1.00 s" in out
+    # The shared model is named once, in the header, not on every row.
+    assert "8 × NVIDIA H100 80GB HBM3, driver 550.54.15, board: all-to-all NVSwitch" in out
+    assert out.count("H100") == 1
     gpu_rows = rows(out, "3")
-    assert gpu_rows and "Gen5 x16" in gpu_rows[0] and "18/18" in gpu_rows[0] and "490/700" in gpu_rows[0]
-    assert "✗" not in out and "!" not in out
-    assert "NVLink topology: nvswitch" in out and out.count("NV18") == 8 * 7
-    assert "mlx5_7/1" in out and "400 Gb/s NDR" in out and "✓ ACTIVE" in out
+    assert len(gpu_rows) == 1
+    assert "Gen5 x16" in gpu_rows[0] and "18/18" in gpu_rows[0] and "490/700" in gpu_rows[0]
+    assert "5.0/5.0" in gpu_rows[0] and "360/360" in gpu_rows[0]  # PCIe, and NVLink summed over 18 links
+    assert "✗" not in out and "!" not in out and "Problems" not in out
+    assert "NVLink topology: all-to-all through NVSwitch, NV18 between every GPU pair" in out
+    matrix = [line for line in out.splitlines() if line.startswith(("GPU0 ", "GPU7 "))]
+    assert len(matrix) == 2 and [line.count("NV18") for line in matrix] == [7, 7]
+    assert out.count("NV18") == 8 * 7 + 1  # the matrix, and once in its title
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_7/1")]
+    assert port.split()[:7] == ["mlx5_7/1", "✓", "ACTIVE", "LinkUp", "400", "NDR", "IB"]
+    assert "Gen5 x16" in port
     assert "NVSwitch PCIe links" in out and "0000:05:00.0" in out
 
 
@@ -44,33 +53,59 @@ def test_faults_are_marked_with_symbols_not_only_colour():
     s = with_link(s, 1, 3, errors_delta={"crc_flit": 4, "crc_data": 0, "replay": None, "recovery": 0})
     s = with_link(s, 6, 0, active=False)
     s = with_ib(s, 3, state="DOWN", phys_state="Polling")
+    s = with_ib(s, 5, errors_delta={"symbol_error": 7, "port_rcv_errors": 2, "link_downed": 0})
+    s = with_gpu(s, 4, throttle_reasons=("sw_power_cap", "sw_thermal"))
     out = text_of(render_sample(s))
-    assert "✗ Gen3 x8 of Gen5 x16" in rows(out, "2")[0]
-    assert "! L3 crc_flit+4" in rows(out, "1")[0]
+    assert "✗ Gen3/5 x8/16" in rows(out, "2")[0]
+    assert "err↑ L3" in rows(out, "1")[0]
     assert "✗ 17/18" in rows(out, "6")[0]
-    [port] = [line for line in out.splitlines() if "mlx5_3/1" in line]
+    assert rows(out, "4")[0].rstrip().endswith("pwrcap thermal")
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_3/1")]
     assert "✗ DOWN" in port and "✗ Polling" in port
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_5/1")]
+    assert "err↑" in port
+    # The detail the cells only hint at, faults first.
+    problems = out[out.index("Problems"):].splitlines()[1:]
+    assert [line.strip() for line in problems[:3]] == [
+        "✗ GPU 6 NVLink 0 down",
+        "! GPU 1 link 3: crc_flit +4 over 1.00 s",
+        "! mlx5_5/1: symbol_error +7, port_rcv_errors +2 over 1.00 s",
+    ]
 
 
 def test_idle_gen_downshift_is_not_a_fault():
     out = text_of(render_sample(healthy_sample(busy=False)))
-    assert "Gen1 x16 of Gen5 x16 idle" in rows(out, "0")[0]
-    assert "✗" not in out
+    row = rows(out, "0")[0]
+    assert "Gen1/5 x16" in row and row.rstrip().endswith("idle")
+    assert "✗" not in out and "Problems" not in out
 
 
-def test_pcie_cell_marks_host_limited_slot_against_spec():
+def test_pcie_cell_shows_now_and_expected():
     from nvmon.specs import gpu_spec_for
 
     spec = gpu_spec_for("NVIDIA H100 80GB HBM3")
     p = healthy_sample().gpus[0].pcie
-    assert pcie_cell(replace(p, gen=4, max_gen=4), True, spec).plain == "✗ Gen4 x16 (spec Gen5 x16)"
     assert pcie_cell(p, True, spec).plain == "Gen5 x16"
+    assert pcie_cell(replace(p, gen=4, max_gen=4), True, spec).plain == "✗ Gen4/5 x16"  # slot below spec
+    assert pcie_cell(replace(p, width=8), False, spec).plain == "✗ Gen5 x8/16"  # narrow: a fault even idle
+    assert pcie_cell(replace(p, gen=1), False, spec).plain == "Gen1/5 x16"  # idle power saving
+    assert pcie_cell(replace(p, gen=1), True, spec).plain == "✗ Gen1/5 x16"  # slow under load
+    assert pcie_cell(replace(p, gen=None, width=None)).plain == "-"
+
+
+def test_host_limited_slot_is_explained_under_the_tables():
+    s = with_pcie(healthy_sample(), 0, gen=4, max_gen=4)
+    out = text_of(render_sample(s))
+    assert "✗ Gen4/5 x16" in rows(out, "0")[0]
+    assert "✗ GPU 0 PCIe slot allows Gen4 x16, H100-SXM needs Gen5 x16" in out
 
 
 def test_bridged_pairs_board_shows_12_of_18_without_fault():
     out = text_of(render_sample(healthy_sample(name=H100_PCIE, slots=18, active_links=12, board="pairs")))
     assert "12/18" in rows(out, "0")[0] and "✗ 12/18" not in out
-    assert "NVLink topology: pairs" in out and "SYS" in out and "NODE" in out
+    assert "board: NVLink pairs" in out
+    assert "NVLink topology: GPUs bridged in pairs 0-1, 2-3, 4-5, 6-7 (NV12)" in out
+    assert "SYS" in out and "NODE" in out and "Problems" not in out  # 6 idle slots are not "down"
 
 
 def test_none_is_a_dash():
@@ -81,8 +116,9 @@ def test_none_is_a_dash():
 
 
 def test_lost_gpu_row():
-    out = text_of(render_sample(with_gpu(healthy_sample(), 5, lost=True)))
-    assert "✗ lost" in out
+    out = text_of(render_sample(with_gpu(healthy_sample(), 5, lost=True, throttle_reasons=None)), width=80)
+    [row] = rows(out, "5")
+    assert row.rstrip().endswith("✗ LOST") and "Gen5" not in row
 
 
 def test_nvml_unavailable_header():
@@ -125,25 +161,125 @@ def test_markup_helpers():
 
 def test_render_audit_ok_and_sorted_by_severity():
     out = text_of(render_audit(audit(healthy_sample(), NodeSpec(gpus=8))))
-    assert out.startswith("✓ OK") and "1 info" in out
+    assert out.startswith("✓ OK — 1 info — gpu-node-01")
     s = with_pcie(with_link(healthy_sample(), 4, 2, active=False), 3, width=8)
     out = text_of(render_audit(audit(s, NodeSpec(gpus=8))))
-    assert out.startswith("✗ CRITICAL  gpu-node-01")
-    crit, warn, info = (out.index(word) for word in ("✗ critical", "! warning", "i info"))
-    assert crit < warn < info
-    assert "GPU 4 link 2" in out and "nvlink.link_down" in out and "GPU 3" in out
+    assert out.startswith("✗ CRITICAL — 1 critical, 1 warning, 1 info — gpu-node-01")
+    symbols = [line[0] for line in out.splitlines()[1:] if line[:1].strip()]
+    assert symbols == ["✗", "!", "i"]
+    [crit] = [line for line in out.splitlines()[1:] if line.startswith("✗ ")]
+    assert crit.split()[1:5] == ["nvlink.link_down", "GPU", "4", "link"]
+    assert "GPU 3" in out and "pcie.width" in out
+
+
+def test_render_audit_one_finding_per_line_at_80_columns():
+    s = with_pcie(with_link(healthy_sample(), 4, 2, active=False), 3, width=8)
+    s = with_link(s, 1, 3, errors_delta={"crc_flit": 4, "crc_data": 1, "replay": 2, "recovery": 0})
+    s = with_ib(s, 1, rate_gbps=100.0, rate_name="EDR")
+    report = audit(s, NodeSpec(gpus=8, ib_ports=8, ib_rate_gbps=400.0))
+    out = text_of(render_audit(report), width=80)
+    lines = out.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    starts = [line for line in lines[1:] if line[:1].strip()]
+    assert len(starts) == len(report.findings)  # only messages wrap, onto indented lines
+    [ib] = [line for line in starts if "ib.rate" in line]
+    assert ib.split()[:5] == ["!", "ib.rate", "mlx5_1", "port", "1"]
+    message = " ".join(line.strip() for line in lines if line.strip()).replace("  ", " ")
+    assert "reseat the GPU/baseboard, check NVSwitch and fabric manager" in " ".join(message.split())
 
 
 def test_render_audit_unknown_and_empty():
     report = AuditReport(node="n1", spec={}, verdict="unknown", findings=())
-    assert text_of(render_audit(report)).startswith("? UNKNOWN  n1  no findings")
+    assert text_of(render_audit(report)).startswith("? UNKNOWN — no findings — n1")
     f = Finding("ib.port_down", "critical", "[x] down", device="mlx5_0", port=1,
                 observed={"state": "DOWN", "phys_state": None}, expected=None)
     out = text_of(render_audit(AuditReport("n1", {}, "critical", (f,))))
-    assert "mlx5_0/1" in out and "state=DOWN phys_state=-" in out and "[x] down" in out
+    assert "mlx5_0 port 1" in out and "[x] down" in out
 
 
 def test_nvml_unavailable_audit_renders():
     s = replace(healthy_sample(), nvml=NvmlStatus(False, error="Driver Not Loaded"), gpus=())
     out = text_of(render_audit(audit(s)))
     assert out.startswith("? UNKNOWN") and "nvml.unavailable" in out and "Driver Not Loaded" in out
+
+
+def _faulty_hgx():
+    """8 × H100, 18 links each, with a fault or a rise on most GPUs."""
+    s = healthy_sample(name="NVIDIA H100 80GB HBM3", slots=18)
+    s = with_link(s, 1, 3, errors_delta={"crc_flit": 3, "crc_data": 1, "replay": 2, "recovery": 0})
+    s = with_link(s, 1, 11, errors_delta={"crc_flit": 1})
+    s = with_link(s, 2, 5, active=False)
+    s = with_pcie(s, 3, width=8, replay_errors_delta=4)
+    s = with_gpu(s, 4, power_w=349.9, power_limit_w=350.0, throttle_reasons=("sw_power_cap", "hw_power_brake"))
+    s = with_gpu(s, 5, lost=True, throttle_reasons=None)
+    s = with_gpu(s, 6, temperature_c=92.0, throttle_reasons=("sw_thermal", "hw_slowdown"))
+    s = with_ib(s, 1, rate_gbps=100.0, rate_name="EDR", errors_delta={"symbol_error": 9})
+    return replace(s, interval_s=0.538613)
+
+
+def test_8_gpus_18_links_fit_80_columns_one_line_per_gpu():
+    out = text_of(render_sample(_faulty_hgx()), width=80)
+    lines = out.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    for i in range(8):
+        assert len(rows(out, str(i))) == 1, f"GPU {i} is not exactly one line"
+    assert "interval 0.54 s" in out and "8 × NVIDIA H100 80GB HBM3" in out
+    row = {i: rows(out, str(i))[0] for i in range(8)}
+    assert "err↑ L3,L11" in row[1] and "✗ 17/18" in row[2]
+    assert "✗ Gen5 x8/16" in row[3] and "err↑ PCIe" in row[3]
+    assert "350/350" in row[4] and "pwrcap brake" in row[4]
+    assert row[5].rstrip().endswith("✗ LOST") and "thermal hwslow" in row[6]
+    assert "H100" not in "".join(row.values())  # the model is in the header only
+    # One line per IB port, too.
+    [port] = [line for line in lines if line.startswith("mlx5_1/1")]
+    assert "100 EDR" in port and "err↑" in port and "Gen5 x16" in port
+    assert "GPU 1 link 3: crc_flit +3, crc_data +1, replay +2 over 0.54 s" in out
+    assert "GPU 3 PCIe: replay +4 over 0.54 s" in out and "mlx5_1/1: symbol_error +9 over 0.54 s" in out
+    assert "✗ GPU 2 NVLink 5 down" in out
+
+
+def test_topology_matrix_fits_80_columns_and_names_its_class():
+    out = text_of(render_sample(healthy_sample()), width=80)
+    [title] = [line for line in out.splitlines() if line.startswith("NVLink topology")]
+    assert "all-to-all through NVSwitch" in title
+    [header] = [line for line in out.splitlines() if line.split()[:1] == ["GPU0"] and "NVSw" in line]
+    assert len(header) <= 80
+
+
+def test_mixed_models_get_a_short_model_column():
+    s = healthy_sample()
+    for i in (4, 5, 6, 7):
+        s = with_gpu(s, i, name="NVIDIA H200")
+    out = text_of(render_sample(s), width=80)
+    assert "8 GPUs (4 × H100 80GB HBM3, 4 × H200)" in out
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert rows(out, "0")[0].split()[1] == "H100" and rows(out, "7")[0].split()[1] == "H200"
+    assert "NVIDIA" not in "".join(rows(out, str(i))[0] for i in range(8))
+
+
+def test_problems_and_notes_are_capped():
+    s = healthy_sample()
+    for link in range(15):
+        s = with_link(s, 0, link, errors_delta={"crc_flit": 1})
+    s = with_gpu(s, 1, notes=tuple(f"note {k}" for k in range(12)))
+    out = text_of(render_sample(s), width=80)
+    problems = out[out.index("Problems"):out.index("Notes")]
+    assert problems.count("! GPU 0 link") == 10 and "… and 5 more" in problems
+    notes = out[out.index("Notes"):]
+    assert notes.count("GPU 1: note") == 10 and "… and 2 more" in notes
+
+
+def test_long_notes_wrap_under_themselves():
+    s = replace(healthy_sample(), notes=("word " * 30,))
+    lines = text_of(render_sample(s), width=80).splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("  node: word")))
+    assert lines[start + 1].startswith(" " * len("  node: ")) and "word" in lines[start + 1]
+
+
+def test_hostile_shared_model_name_in_header_is_literal():
+    s = healthy_sample()
+    for i in range(8):
+        s = with_gpu(s, i, name=HOSTILE)
+    out = text_of(render_sample(s), color=True)
+    assert "8 × Evil [bold]GPU[/bold] [31mred[0m [link=http://x]y[/link]" in out
+    assert "\x1b[31mred" not in out

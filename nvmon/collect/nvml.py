@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvmon.collect import nvml_fields as F
-from nvmon.collect.counters import CounterTracker
-from nvmon.model import GpuSample, NvLinkSample, NvmlStatus, PcieLink
+from nvmon.collect.nvml_batch import FieldBatch
+from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus, PcieLink
 
+LINK_KEYS = ("state", "speed", "tx", "rx") + NVLINK_ERROR_KINDS
 ROTATION = ("throttle", "utilization", "throttle", "utilization", "slow")
 SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
 LOST_RETRY_TICKS = 30
@@ -67,8 +68,11 @@ class _Gpu:
     unsupported: set[str] = field(default_factory=set)
     last: dict[str, Any] = field(default_factory=dict)  # rotated getter values, carried over
     notes: dict[str, str] = field(default_factory=dict)
-    request: list = field(default_factory=list)  # field-value request (ids / (id, scope))
-    layout: list[tuple[str, int | None]] = field(default_factory=list)  # what each request entry is
+    batch: FieldBatch | None = None  # the per-tick field-value request
+    layout: list[tuple[str, int | None]] = field(default_factory=list)  # what each batch entry is
+    slot: dict[tuple[str, int | None], int] = field(default_factory=dict)  # (key, link) → entry
+    prev: list = field(default_factory=list)  # previous (value, ts) per entry, for deltas
+    link_slots: list[tuple] = field(default_factory=list)  # per link: entry index per LINK_KEYS
     rotation: Any = None
     lost_ticks: int = 0
 
@@ -110,8 +114,8 @@ class NvmlCollector:
         self.nvml = nvml
         self.status = NvmlStatus(available=False, error="not opened")
         self.gpus: list[_Gpu] = []
-        self.tracker = CounterTracker()
         self.calls = [0]  # NVML calls made, for the cost benchmark
+        self.direct_fields: bool | None = None  # None: FieldBatch decides (tests force both paths)
         self._opened = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -222,7 +226,7 @@ class NvmlCollector:
     def _build_request(self, g: _Gpu) -> None:
         nv = self.nvml
         req, layout = [], []
-        for key, name in (("energy", F.FI_TOTAL_ENERGY), ("replay", F.FI_PCIE_REPLAY),
+        for key, name in (("energy", F.FI_TOTAL_ENERGY), ("pcie_replay", F.FI_PCIE_REPLAY),
                           ("pcie_tx", F.FI_PCIE_TX_BYTES), ("pcie_rx", F.FI_PCIE_RX_BYTES)):
             if key not in g.unsupported:
                 req.append(getattr(nv, name))
@@ -235,7 +239,11 @@ class NvmlCollector:
             if lk < len(F.FI_LINK_CRC_DATA) and "nvlink_crc_data" not in g.unsupported:
                 req.append(getattr(nv, F.FI_LINK_CRC_DATA[lk]))
                 layout.append(("crc_data", lk))
-        g.request, g.layout = req, layout
+        g.batch = FieldBatch(nv, req, direct=self.direct_fields)
+        g.layout = layout
+        g.slot = {k: i for i, k in enumerate(layout)}
+        g.prev = [None] * len(layout)
+        g.link_slots = [tuple(g.slot.get((k, lk)) for k in LINK_KEYS) for lk in range(g.link_count)]
 
     # -- hot path ----------------------------------------------------------------------------
 
@@ -280,7 +288,6 @@ class NvmlCollector:
             return self._read_hot(g)
         except _Lost:
             g.lost, g.handle = True, None
-            self.tracker.forget((g.index,))
             return self._lost_sample(g)
 
     def _lost_sample(self, g: _Gpu) -> GpuSample:
@@ -290,84 +297,102 @@ class NvmlCollector:
     def _read_hot(self, g: _Gpu) -> GpuSample:
         nv = self.nvml
         first = "probed" not in g.last
-        values = g.call("field_values", nv.nvmlDeviceGetFieldValues, g.handle, g.request) if g.request else None
+        results = g.call("field_values", g.batch.fetch, g.handle) if g.batch.n else []
         what = next(g.rotation)
         if what == "slow":
             what = next(g.last["slow"])
         self._read_getter(g, what)
-        got: dict[tuple[str, int | None], tuple[int, float]] = {}
-        if values is not None and values is not _UNSUPPORTED:
-            for (key, lk), v in zip(g.layout, values):
-                if v.nvmlReturn == 0:
-                    raw = v.value.uiVal if v.valueType == 1 else v.value.ullVal
-                    got[(key, lk)] = (int(raw), v.timestamp / 1e6)
-                elif v.nvmlReturn == nv.NVML_ERROR_GPU_IS_LOST:
-                    raise _Lost()
-                elif first and v.nvmlReturn in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT):
-                    g.unsupported.add(key if lk is None else f"nvlink_{key}")
+        if results is None or results is _UNSUPPORTED:
+            results = []
+        for ret, _, _ in results:
+            if ret == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _Lost()
         if first:
             # Capability probe: a field unsupported on the GPU (or on every link) is dropped from
             # later requests, and its fallback getter takes over.
             g.last["probed"] = True
-            present_link_keys = {k for (k, lk) in got if lk is not None}
-            g.unsupported -= {f"nvlink_{k}" for k in present_link_keys}
+            bad = (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT)
+            answered = {key for (key, _), (ret, _, _) in zip(g.layout, results) if ret == 0}
+            for (key, lk), (ret, _, _) in zip(g.layout, results):
+                if ret in bad and key not in answered:
+                    g.unsupported.add(key if lk is None else f"nvlink_{key}")
+            old = (g.layout, results)
             self._build_request(g)
+            keep = {k: r for k, r in zip(*old)}
+            results = [keep.get(k, (nv.NVML_ERROR_NOT_SUPPORTED, 0.0, None)) for k in g.layout]
         # Fallbacks cost extra calls, so the per-link state getter rides with the slow group only.
         if "energy" in g.unsupported:
             self._read_getter(g, "power")
         if "nvlink_state" in g.unsupported and g.link_count and (first or what == SLOW[0]):
             self._read_getter(g, "nvlink_state_getter")
-        return self._assemble(g, got)
+        return self._assemble(g, results)
 
-    def _assemble(self, g: _Gpu, got: dict) -> GpuSample:
-        tr, i = self.tracker, g.index
+    @staticmethod
+    def _deltas(g: _Gpu, results: list) -> tuple[list, list]:
+        """Per entry: value, and (delta, dt) since the last tick — None when the counter was not read
+        then or now, or went backwards (a reset: driver reload, GPU reset), never a negative rate."""
+        values, deltas, prev = [], [], []
+        for (ret, ts, value), p in zip(results, g.prev):
+            if ret or value is None:
+                prev.append(None)
+                values.append(None)
+                deltas.append(None)
+                continue
+            prev.append((value, ts))
+            values.append(value)
+            deltas.append(None if p is None or ts <= p[1] or value < p[0] else (value - p[0], ts - p[1]))
+        g.prev = prev
+        return values, deltas
 
-        def val(key, lk=None):
-            v = got.get((key, lk))
-            return None if v is None else v[0]
+    def _assemble(self, g: _Gpu, results: list) -> GpuSample:
+        values, deltas = self._deltas(g, results)
+        idx = g.slot
+
+        def value(key, lk=None):
+            i = idx.get((key, lk))
+            return None if i is None else values[i]
+
+        def delta(key, lk=None):
+            i = idx.get((key, lk))
+            d = None if i is None else deltas[i]
+            return None if d is None else d[0]
 
         def rate(key, lk=None, scale=1.0):
-            v = got.get((key, lk))
-            if v is None:
-                tr.delta((i, key, lk), None, 0.0)
-                return None
-            return tr.rate((i, key, lk), v[0], v[1], scale=scale)
+            i = idx.get((key, lk))
+            d = None if i is None else deltas[i]
+            return None if d is None else d[0] * scale / d[1]
 
-        power = None
-        if (e := got.get(("energy", None))) is not None:
-            power = tr.rate((i, "energy", None), e[0], e[1], scale=1e-3)  # mJ/s → W
-        elif "energy" in g.unsupported:
-            power = g.last.get("power")
-        replay = val("replay")
-        replay_d, _ = tr.delta((i, "replay", None), replay, got.get(("replay", None), (0, 0.0))[1])
+        power = rate("energy", None, 1e-3) if "energy" not in g.unsupported else g.last.get("power")
         pcie = PcieLink(
             gen=g.last.get("pcie_gen"), max_gen=g.max_gen, width=g.last.get("pcie_width"), max_width=g.max_width,
             device_max_gen=g.device_max_gen, tx_bytes_per_s=rate("pcie_tx"), rx_bytes_per_s=rate("pcie_rx"),
-            replay_errors=replay, replay_errors_delta=replay_d,
+            replay_errors=value("pcie_replay"), replay_errors_delta=delta("pcie_replay"),
         )
         getter_states = g.last.get("nvlink_state_getter")
         links = []
-        for link in g.links:
-            lk = link.link
-            state = val("state", lk)
-            if state is None and getter_states is not None and isinstance(getter_states[lk], int):
-                state = getter_states[lk]
-            errors, deltas = {}, {}
-            for kind in ("crc_flit", "crc_data", "replay", "recovery"):
-                c = got.get((kind, lk))
-                errors[kind] = None if c is None else c[0]
-                deltas[kind], _ = tr.delta((i, kind, lk), errors[kind], 0.0 if c is None else c[1])
-            speed = val("speed", lk)
+        kinds = NVLINK_ERROR_KINDS
+        for link, slots in zip(g.links, g.link_slots):
+            i_state, i_speed, i_tx, i_rx = slots[:4]
+            state = None if i_state is None else values[i_state]
+            if state is None and getter_states is not None and isinstance(getter_states[link.link], int):
+                state = getter_states[link.link]
+            tx = None if i_tx is None else deltas[i_tx]
+            rx = None if i_rx is None else deltas[i_rx]
+            errs = [None if i is None else values[i] for i in slots[4:]]
+            errd = [None if i is None or deltas[i] is None else deltas[i][0] for i in slots[4:]]
             links.append(NvLinkSample(
-                link=lk, active=None if state is None else state in (1, 3), version=link.version,
-                speed_mbps=speed or None, remote_type=link.remote_type, remote_pci_bus_id=link.remote_bus_id,
-                tx_bytes_per_s=rate("tx", lk, 1024.0), rx_bytes_per_s=rate("rx", lk, 1024.0),
-                errors=errors, errors_delta=deltas,
+                link=link.link, active=None if state is None else state in (1, 3), version=link.version,
+                speed_mbps=(None if i_speed is None else values[i_speed]) or None,
+                remote_type=link.remote_type, remote_pci_bus_id=link.remote_bus_id,
+                tx_bytes_per_s=None if tx is None else tx[0] * 1024.0 / tx[1],
+                rx_bytes_per_s=None if rx is None else rx[0] * 1024.0 / rx[1],
+                errors=dict(zip(kinds, errs)), errors_delta=dict(zip(kinds, errd)),
             ))
+        energy = value("energy")
         return GpuSample(
-            index=i, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id, lost=False,
+            index=g.index, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id, lost=False,
             power_w=power, power_limit_w=g.last.get("power_limit"), power_default_limit_w=g.default_limit_w,
-            power_max_limit_w=g.max_limit_w, energy_j=None if val("energy") is None else val("energy") / 1000,
+            power_max_limit_w=g.max_limit_w, energy_j=None if energy is None else energy / 1000,
             temperature_c=g.last.get("temperature"), utilization_pct=g.last.get("utilization"),
             throttle_reasons=g.last.get("throttle"), pcie=pcie, nvlink=tuple(links),
             nvlink_count=g.link_count, notes=tuple(g.notes.values()),

@@ -92,6 +92,11 @@ class SimBoard:
                     replay_base=rng.randrange(0, 3),
                 )
             )
+        # Fault starts by (kind, gpu, link): looked up for every simulated value, so precomputed.
+        self._starts: dict[tuple, float] = {}
+        for f in scenario.faults:
+            key = (f.kind, f.gpu, f.link)
+            self._starts[key] = min(self._starts.get(key, f.after_s), f.after_s)
         self.ib_names = [f"mlx5_{i}" for i in range(p.ib_ports)]
         self.ib_word_base = [(rng.randrange(10**10, 10**12), rng.randrange(10**10, 10**12)) for _ in self.ib_names]
         self.ib_err_base = [{k: rng.randrange(0, 3) for k in IB_ERR_WIDTH} for _ in self.ib_names]
@@ -105,10 +110,9 @@ class SimBoard:
     def faults(self, kind: str, t: float) -> list[Fault]:
         return [f for f in self.scenario.faults if f.kind == kind and t >= f.after_s]
 
-    def _fault_start(self, kind: str, **match) -> float | None:
-        starts = [f.after_s for f in self.scenario.faults
-                  if f.kind == kind and all(getattr(f, k) == v for k, v in match.items())]
-        return min(starts) if starts else None
+    def _fault_start(self, kind: str, gpu: int | None = None, link: int | None = None) -> float | None:
+        """When the first fault of `kind` on this GPU (and link) starts; None if there is none."""
+        return self._starts.get((kind, gpu, link))
 
     def gpu_lost(self, gpu: int, t: float) -> bool:
         return any(f.gpu == gpu for f in self.faults("gpu_lost", t))

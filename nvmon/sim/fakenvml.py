@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import itertools
+import struct
 import sys
 import types
 
@@ -51,6 +52,10 @@ FI_CRC_DATA_PER_LINK = {**{39 + i: i for i in range(6)}, **{102 + i: 6 + i for i
 
 VT_UINT = 1
 VT_ULL = 3
+_MASK = {VT_UINT: 0xFFFFFFFF, VT_ULL: 0xFFFFFFFFFFFFFFFF}
+_FV = struct.Struct("=IIqqIIQ")  # c_nvmlFieldValue_t, checked against pynvml in the tests
+_ERROR_FIELDS = {FI_ERROR_DL_REPLAY: "replay", FI_ERROR_DL_RECOVERY: "recovery", FI_ERROR_DL_CRC: "crc_flit"}
+_PER_LINK = {FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX, FI_GET_SPEED, FI_GET_STATE, FI_GET_VERSION, *_ERROR_FIELDS}
 
 _HANDLE_BASE = 0x5100_0000
 _module_ids = itertools.count()
@@ -336,75 +341,58 @@ class FakeNvmlLib:
         rc, g = self._check(handle)
         if rc:
             return rc
-        values = _out(ptr)
+        # Work on the raw array memory, as the C library does (pynvml's structure hooks cost ~1 µs
+        # per attribute, which would make the simulator, not the collector, dominate benchmarks).
+        buf = memoryview(_out(ptr)).cast("B")
+        n = min(_val(count), len(buf) // _FV.size)
         t = self._t()
         ts_us = int(self.board.clock() * 1e6)
-        b = self.board
-        p = b.profile
+        memo: dict = {}  # per call: TX and RX of a link come from one board computation
+        for i, (fid, scope, *_rest) in enumerate(_FV.iter_unpack(buf[: n * _FV.size])):
+            ret, vt, val = self._field(g, fid, scope, t, memo)
+            _FV.pack_into(buf, i * _FV.size, fid, scope, ts_us, 0, vt, ret, val & _MASK[vt])
+        return SUCCESS
+
+    def _field(self, g: int, fid: int, scope: int, t: float, memo: dict) -> tuple[int, int, int]:
+        """(nvmlReturn, valueType, value) of one field; unmodelled fields answer NOT_SUPPORTED."""
+        b, p = self.board, self.board.profile
         slots = p.link_slots
         blackwell = p.nvlink_gen is not None and p.nvlink_gen >= 5
-        link_cache: dict[int, tuple] = {}
-
-        def link_data(lk: int):
-            if lk not in link_cache:
-                link_cache[lk] = (b.link_kib(g, lk, t), b.link_errors(g, lk, t))
-            return link_cache[lk]
-
-        for i in range(_val(count)):
-            v = values[i]
-            fid, scope = v.fieldId, v.scopeId
-            v.timestamp = ts_us
-            v.latencyUsec = 0
-            ret, vt, val = SUCCESS, VT_ULL, 0
-            if fid == FI_TOTAL_ENERGY:
-                ret = ERROR_NOT_SUPPORTED if b.notsup("energy", g, t) else SUCCESS
-                val = b.energy_mj(g, t)
-            elif fid == FI_LINK_COUNT:
-                vt, val = VT_UINT, slots
-            elif fid == FI_PCIE_REPLAY:
-                vt, val = VT_UINT, b.gpus[g].replay_base
-            elif fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
-                ret = ERROR_NOT_SUPPORTED if b.notsup("pcie_bytes", g, t) else SUCCESS
-                val = b.pcie_bytes(g, t)[fid - FI_PCIE_TX_BYTES]
-            elif fid in (FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX, FI_ERROR_DL_REPLAY, FI_ERROR_DL_RECOVERY,
-                         FI_ERROR_DL_CRC, FI_GET_SPEED, FI_GET_STATE, FI_GET_VERSION):
-                if scope >= slots:
-                    ret = ERROR_INVALID_ARGUMENT
-                elif fid in (FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX):
-                    val = link_data(scope)[0][fid - FI_THROUGHPUT_DATA_TX]
-                elif fid in (FI_ERROR_DL_REPLAY, FI_ERROR_DL_RECOVERY, FI_ERROR_DL_CRC):
-                    if blackwell:  # "unsupported for Blackwell+" (nvml.h)
-                        ret = ERROR_NOT_SUPPORTED
-                    else:
-                        key = {FI_ERROR_DL_REPLAY: "replay", FI_ERROR_DL_RECOVERY: "recovery",
-                               FI_ERROR_DL_CRC: "crc_flit"}[fid]
-                        val = link_data(scope)[1][key]
-                elif fid == FI_GET_STATE:
-                    vt = VT_UINT
-                    if b.notsup("nvlink_state_field", g, t):
-                        ret = ERROR_NOT_SUPPORTED
-                    else:
-                        val = int(b.link_active(g, scope, t))
-                elif fid == FI_GET_SPEED:
-                    vt = VT_UINT
-                    val = p.link_mbps if b.link_active(g, scope, t) else 0
-                else:  # FI_GET_VERSION
-                    vt, val = VT_UINT, NVLINK_GEN_TO_ENUM[p.nvlink_gen] if slots else 0
-            elif fid in FI_CRC_DATA_PER_LINK:
-                lk = FI_CRC_DATA_PER_LINK[fid]
-                if lk >= slots or blackwell:
-                    ret = ERROR_NOT_SUPPORTED
-                else:
-                    val = link_data(lk)[1]["crc_data"]
-            else:
-                ret = ERROR_NOT_SUPPORTED  # unmodelled field: per-entry, the call still succeeds
-            v.nvmlReturn = ret
-            v.valueType = vt
-            if vt == VT_UINT:
-                v.value.uiVal = val & 0xFFFFFFFF
-            else:
-                v.value.ullVal = val
-        return SUCCESS
+        if fid == FI_TOTAL_ENERGY:
+            return (ERROR_NOT_SUPPORTED if b.notsup("energy", g, t) else SUCCESS), VT_ULL, b.energy_mj(g, t)
+        if fid == FI_LINK_COUNT:
+            return SUCCESS, VT_UINT, slots
+        if fid == FI_PCIE_REPLAY:
+            return SUCCESS, VT_UINT, b.gpus[g].replay_base
+        if fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
+            ret = ERROR_NOT_SUPPORTED if b.notsup("pcie_bytes", g, t) else SUCCESS
+            return ret, VT_ULL, b.pcie_bytes(g, t)[fid - FI_PCIE_TX_BYTES]
+        if fid in _PER_LINK:
+            if scope >= slots:
+                return ERROR_INVALID_ARGUMENT, VT_ULL, 0
+            if fid in (FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX):
+                if ("kib", scope) not in memo:
+                    memo["kib", scope] = b.link_kib(g, scope, t)
+                return SUCCESS, VT_ULL, memo["kib", scope][fid - FI_THROUGHPUT_DATA_TX]
+            if fid in _ERROR_FIELDS:
+                if blackwell:  # "unsupported for Blackwell+" (nvml.h)
+                    return ERROR_NOT_SUPPORTED, VT_ULL, 0
+                if ("err", scope) not in memo:
+                    memo["err", scope] = b.link_errors(g, scope, t)
+                return SUCCESS, VT_ULL, memo["err", scope][_ERROR_FIELDS[fid]]
+            if fid == FI_GET_STATE:
+                if b.notsup("nvlink_state_field", g, t):
+                    return ERROR_NOT_SUPPORTED, VT_UINT, 0
+                return SUCCESS, VT_UINT, int(b.link_active(g, scope, t))
+            if fid == FI_GET_SPEED:
+                return SUCCESS, VT_UINT, p.link_mbps if b.link_active(g, scope, t) else 0
+            return SUCCESS, VT_UINT, NVLINK_GEN_TO_ENUM[p.nvlink_gen]  # FI_GET_VERSION
+        if fid in FI_CRC_DATA_PER_LINK:
+            lk = FI_CRC_DATA_PER_LINK[fid]
+            if lk >= slots or blackwell:
+                return ERROR_NOT_SUPPORTED, VT_ULL, 0
+            return SUCCESS, VT_ULL, b.link_errors(g, lk, t)["crc_data"]
+        return ERROR_NOT_SUPPORTED, VT_ULL, 0
 
 
 def load_sim_pynvml(board: SimBoard) -> types.ModuleType:
