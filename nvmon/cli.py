@@ -166,6 +166,55 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
 
 
 @cli.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="TOML config (default /etc/nvmon/nvmon.toml if it exists; example: systemd/nvmon.toml).")
+@click.option("--broker", metavar="URL", help="mqtt://host:port or mqtts://host:port; '' to not publish.")
+@click.option("--db", metavar="PATH", help="SQLite history database (default /var/lib/nvmon/nvmon.db).")
+@click.option("--interval", type=float, metavar="SECONDS", help="Sampling period (default 1).")
+@click.option("--node", help="Node name on the wire and in the db (default: short host name).")
+@click.option("--cluster", help="Cluster name: the topic tree is nvmon/v1/<cluster>/<node>/.")
+@click.option("--rack", help="Rack name, for per-rack power views.")
+@click.option("--sim", metavar="SPEC", help="Simulate a board (see `nvmon profiles`), e.g. on a machine without GPUs.")
+@click.option("--sysfs-root", metavar="DIR", help="Directory standing in for /sys.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_root, log_level) -> None:
+    """Run the node agent: sample every second, keep history in SQLite, publish over MQTT.
+
+    \b
+    On a GPU node, under systemd:   see systemd/nvmon-daemon.service and docs/install.md
+    On any machine, for a look:     nvmon daemon --sim hgx-h100 --db /tmp/nvmon.db --broker mqtt://localhost:1883
+    Stop with SIGTERM or Ctrl-C: status goes `offline`, queued ticks are flushed, exit 0.
+    """
+    import asyncio
+    import logging
+
+    from nvmon.daemon.config import ConfigError, load_config
+
+    overrides = {"broker": broker, "db": db, "interval": interval, "node": node, "cluster": cluster,
+                 "rack": rack, "sim": sim, "sysfs_root": sysfs_root}
+    try:
+        cfg = load_config(config_path, overrides)
+    except ConfigError as e:
+        raise NvmonError(str(e)) from None
+    if cfg.sampling.sim:
+        from nvmon.sim.scenario import SimSpecError, parse_scenario
+
+        try:
+            parse_scenario(cfg.sampling.sim)
+        except SimSpecError as e:
+            raise NvmonError(str(e)) from None
+    journald = bool(os.environ.get("JOURNAL_STREAM"))
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(name)s: %(levelname)s: %(message)s" if journald else "%(asctime)s %(name)s %(levelname)s: %(message)s",
+    )
+    from nvmon.daemon.main import Daemon
+
+    sys.exit(asyncio.run(Daemon(cfg).run()))
+
+
+@cli.command()
 def profiles() -> None:
     """List the simulator's board profiles and the --sim syntax."""
     from nvmon.sim import scenario

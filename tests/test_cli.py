@@ -205,3 +205,12 @@ def test_help_documents_sim_syntax_and_exit_codes():
     h = nvmon("audit", "--help").stdout
     assert "0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN" in h and "--expect-ib" in h
     assert "--sim" in nvmon("sample", "--help").stdout
+
+
+def test_unsupported_query_is_null_in_json_and_not_a_finding():
+    r = nvmon("sample", "--json", "--interval", "0.2", "--sim", "hgx-h100,notsup=temperature:3")
+    d = json.loads(r.stdout)
+    assert d["gpus"][3]["temperature_c"] is None and d["gpus"][2]["temperature_c"] is not None
+    assert d["nvml"]["capabilities"]["unsupported"] == {"temperature": [3]}
+    code, a = audit_json("hgx-h100,notsup=temperature:3")
+    assert code == 0 and problems(a) == []

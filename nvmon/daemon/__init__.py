@@ -1,0 +1,1 @@
+"""The node agent: `nvmon daemon` (sampling loop, store writer, publisher) and its config."""

@@ -1,0 +1,173 @@
+"""The daemon's configuration: a TOML file (annotated example: systemd/nvmon.toml), then flags.
+
+Validation is pydantic's, but every error reaches the user as ONE line naming the file, the key
+and what is wrong: "/etc/nvmon/nvmon.toml: mqtt.broker: must be mqtt://HOST[:PORT] or mqtts://…".
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_CONFIG = Path("/etc/nvmon/nvmon.toml")
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, already phrased as one line for the user."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _name(v: str | None) -> str | None:
+    if v is not None and not NAME_RE.match(v):
+        raise ValueError("use 1-64 characters from A-Z a-z 0-9 . _ -")
+    return v
+
+
+class NodeSection(_Section):
+    name: str | None = None
+    cluster: str = "default"
+    rack: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    _check_names = field_validator("name", "cluster", "rack")(_name)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 32:
+            raise ValueError("at most 32 labels")
+        for k, val in v.items():
+            if not NAME_RE.match(k) or len(val) > 128:
+                raise ValueError(f"label {k!r}: key from A-Z a-z 0-9 . _ -, value up to 128 characters")
+        return v
+
+
+class SamplingSection(_Section):
+    interval_s: float = Field(1.0, ge=0.1, le=300)
+    sysfs_root: Path = Path("/sys")
+    sim: str | None = None
+
+
+class StoreSection(_Section):
+    path: Path = Path("/var/lib/nvmon/nvmon.db")
+    raw_retention_h: float = Field(48, gt=0, le=24 * 90)
+    rollup_retention_d: float = Field(90, gt=0, le=3650)
+
+
+class MqttSection(_Section):
+    broker: str | None = "mqtt://localhost:1883"  # empty string or None: do not publish
+    username: str | None = None
+    password_file: Path | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    keepalive_s: int = Field(10, ge=2, le=600)
+
+    @field_validator("broker")
+    @classmethod
+    def _broker(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not re.match(r"^mqtts?://[^/\s:]+(:\d{1,5})?/?$", v):
+            raise ValueError("must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
+        return v
+
+
+class ExpectSection(_Section):
+    gpus: int | None = Field(None, ge=1, le=64)
+    ib: str | None = None
+    topology: str | None = Field(None, pattern="^(nvswitch|pairs|mesh|none)$")
+
+    @field_validator("ib")
+    @classmethod
+    def _ib(cls, v: str | None) -> str | None:
+        if v is not None:
+            from nvmon.specs import parse_expect_ib
+
+            parse_expect_ib(v)  # raises ValueError with the reason
+        return v
+
+
+class DaemonConfig(_Section):
+    node: NodeSection = Field(default_factory=NodeSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    store: StoreSection = Field(default_factory=StoreSection)
+    mqtt: MqttSection = Field(default_factory=MqttSection)
+    expect: ExpectSection = Field(default_factory=ExpectSection)
+
+    @property
+    def node_name(self) -> str:
+        name = self.node.name or socket.gethostname().split(".")[0]
+        return re.sub(r"[^A-Za-z0-9._-]", "-", name)[:64] or "node"
+
+
+# Flag name → (section, key): flags override the file.
+FLAG_KEYS = {
+    "broker": ("mqtt", "broker"),
+    "db": ("store", "path"),
+    "interval": ("sampling", "interval_s"),
+    "node": ("node", "name"),
+    "cluster": ("node", "cluster"),
+    "rack": ("node", "rack"),
+    "sim": ("sampling", "sim"),
+    "sysfs_root": ("sampling", "sysfs_root"),
+}
+
+
+def _one_line(source: str, e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> DaemonConfig:
+    """Read `path` (None: the default file if it exists, else built-in defaults), apply flag
+    overrides (see FLAG_KEYS; None values are ignored), validate. Raises ConfigError (one line)."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is None and DEFAULT_CONFIG.exists():
+        path = DEFAULT_CONFIG
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except PermissionError:
+            raise ConfigError(f"{path}: permission denied") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a directory") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not valid UTF-8") from None
+    for flag, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, key = FLAG_KEYS[flag]
+        if not isinstance(data.get(section, {}), dict):
+            break  # reported by validation below
+        data.setdefault(section, {})[key] = value
+        source_flag = f"--{flag.replace('_', '-')}"
+        try:
+            DaemonConfig.model_validate({section: {key: value}})
+        except ValidationError as e:
+            raise ConfigError(_one_line(source_flag, e).replace(f"{section}.{key}: ", "")) from None
+    try:
+        return DaemonConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_one_line(source, e)) from None

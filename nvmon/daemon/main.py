@@ -1,0 +1,294 @@
+"""`nvmon daemon`: sample → store / publish, in one asyncio TaskGroup, for months, unattended.
+
+    sampler ──► store queue ──► store writer (SQLite, in a thread; backlog + retry when unwritable)
+            └─► wire queue  ──► publisher (MQTT; reconnects; newest samples only while away)
+    maintenance (rollups, pruning) · watchdog (sd_notify, only while the sampler is alive)
+
+Blocking work (NVML, sysfs, SQLite) runs in threads via asyncio.to_thread; the loop only moves
+immutable Samples. Every failure is local: a collector error skips a tick, an unwritable database
+keeps a bounded backlog and retries, a missing broker never stops sampling or storing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+from nvmon import __version__
+from nvmon.collect.node import NodeSampler, load_real_pynvml
+from nvmon.daemon import sdnotify
+from nvmon.daemon.config import DaemonConfig
+from nvmon.model import Sample
+from nvmon.specs import NodeSpec, parse_expect_ib
+
+log = logging.getLogger("nvmon.daemon")
+
+STORE_BACKLOG = 120  # ticks kept in memory while the database is unwritable (~100 KB each)
+WIRE_QUEUE = 4  # only the newest samples matter on the wire
+MAINTAIN_EVERY_S = 60.0
+FLUSH_ON_STOP_S = 1.0
+
+
+@dataclass(slots=True)
+class DaemonStats:
+    ticks: int = 0
+    missed_ticks: int = 0
+    sample_errors: int = 0
+    stored: int = 0
+    store_errors: int = 0
+    store_dropped: int = 0
+    wire_dropped: int = 0
+
+
+class _Stop(Exception):
+    """Raised inside the TaskGroup to end it on SIGTERM/SIGINT."""
+
+
+def _put_newest(q: asyncio.Queue, item) -> bool:
+    """Put without blocking; when full, drop the oldest item. Returns True if one was dropped."""
+    dropped = False
+    while True:
+        try:
+            q.put_nowait(item)
+            return dropped
+        except asyncio.QueueFull:
+            q.get_nowait()
+            dropped = True
+
+
+class Daemon:
+    def __init__(self, cfg: DaemonConfig):
+        self.cfg = cfg
+        self.node = cfg.node_name
+        self.stats = DaemonStats()
+        self.latest: Sample | None = None
+        self.sim_node = None
+        self.sampler: NodeSampler | None = None
+        self.store = None
+        self.publisher = None
+        self.store_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=STORE_BACKLOG)
+        self.wire_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=WIRE_QUEUE)
+        self._last_tick = 0.0
+        self._inventory: tuple[str, bytes] | None = None  # (layout id, payload)
+        self._stop = asyncio.Event()
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _make_sampler(self) -> NodeSampler:
+        s = self.cfg.sampling
+        if s.sim:
+            from nvmon.sim.node import SimNode
+
+            self.sim_node = SimNode(s.sim, node=self.node)
+            return NodeSampler(self.sim_node.nvml, sysfs_root=self.sim_node.sysfs_root, node=self.node,
+                               before_tick=self.sim_node.sync)
+        return NodeSampler(load_real_pynvml(), sysfs_root=s.sysfs_root, node=self.node)
+
+    def _make_store(self):
+        from nvmon.store import Store
+
+        st = self.cfg.store
+        return Store(st.path, raw_retention_s=st.raw_retention_h * 3600,
+                     rollup_retention_s=st.rollup_retention_d * 86400)
+
+    def _make_publisher(self):
+        m = self.cfg.mqtt
+        if not m.broker:
+            return None
+        from nvmon.wire.mqtt import Backoff, MqttSettings, Publisher
+
+        settings = MqttSettings(url=m.broker, username=m.username, password_file=m.password_file,
+                                ca_file=m.ca_file, cert_file=m.cert_file, key_file=m.key_file,
+                                keepalive_s=m.keepalive_s, client_id=f"nvmon-{self.cfg.node.cluster}-{self.node}")
+        # Backoff capped at 4 s (jittered down to 2 s): a node must be publishing again within 5 s
+        # of its broker's return, and jitter keeps a fleet from reconnecting in lock-step.
+        return Publisher(settings, cluster=self.cfg.node.cluster, node=self.node, version=__version__,
+                         interval_s=self.cfg.sampling.interval_s, backoff=Backoff(initial_s=0.5, max_s=4.0))
+
+    def node_spec(self) -> NodeSpec:
+        e = self.cfg.expect
+        ports, rate = parse_expect_ib(e.ib) if e.ib else (None, None)
+        return NodeSpec(gpus=e.gpus, ib_ports=ports, ib_rate_gbps=rate, topology=e.topology)
+
+    def inventory(self) -> bytes | None:
+        """The retained `inventory` payload, from the latest sample (the publisher asks on each
+        connect and when the hardware layout changes: rare, so it is built on demand)."""
+        from nvmon.wire.payloads import inventory_payload, layout_id
+
+        if self.latest is None:
+            return None
+        key = layout_id(self.latest)
+        if self._inventory is None or self._inventory[0] != key:
+            n = self.cfg.node
+            self._inventory = (key, inventory_payload(self.latest, cluster=n.cluster, rack=n.rack,
+                                                      labels=dict(n.labels), spec=self.node_spec()))
+        return self._inventory[1]
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    async def _sample_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.cfg.sampling.interval_s
+        next_t = loop.time()
+        while True:
+            try:
+                sample = await asyncio.to_thread(self.sampler.sample)
+            except Exception:  # a collector bug must cost one tick, not the daemon
+                self.stats.sample_errors += 1
+                if self.stats.sample_errors in (1, 10, 100) or self.stats.sample_errors % 1000 == 0:
+                    log.exception("sampling failed (%d times so far)", self.stats.sample_errors)
+            else:
+                self.latest = sample
+                self.stats.ticks += 1
+                self._last_tick = loop.time()
+                if _put_newest(self.store_q, sample):
+                    self.stats.store_dropped += 1
+                if self.publisher is not None and _put_newest(self.wire_q, sample):
+                    self.stats.wire_dropped += 1
+            # Drift-free: ticks sit on a fixed grid; when late (slow driver, suspended VM) skip
+            # the missed slots instead of bursting to catch up.
+            next_t += interval
+            now = loop.time()
+            if next_t <= now:
+                missed = int((now - next_t) // interval) + 1
+                next_t += missed * interval
+                self.stats.missed_ticks += missed
+            await asyncio.sleep(next_t - now)
+
+    async def _store_loop(self) -> None:
+        from nvmon.store import StoreError
+
+        loop = asyncio.get_running_loop()
+        backlog: collections.deque[Sample] = collections.deque()
+        opened = failing = False
+        retry_at, backoff, last_report = 0.0, 2.0, 0.0
+        while True:
+            backlog.append(await self.store_q.get())
+            while not self.store_q.empty():
+                backlog.append(self.store_q.get_nowait())
+            while len(backlog) > STORE_BACKLOG:
+                backlog.popleft()
+                self.stats.store_dropped += 1
+            if loop.time() < retry_at:
+                continue
+            try:
+                if not opened:
+                    await asyncio.to_thread(self.store.open)
+                    opened = True
+                batch = list(backlog)
+                await asyncio.to_thread(self.store.write_many, batch)
+            except StoreError as e:
+                self.stats.store_errors += 1
+                now = loop.time()
+                if not failing or now - last_report > 60:
+                    log.error("store: %s; keeping up to %d ticks in memory and retrying", e, STORE_BACKLOG)
+                    last_report = now
+                failing = True
+                retry_at, backoff = now + backoff, min(backoff * 2, 30.0)
+                continue
+            self.stats.stored += len(batch)
+            backlog.clear()
+            if failing:
+                log.warning("store: writable again; wrote %d queued ticks (%d dropped while failing)",
+                            len(batch), self.stats.store_dropped)
+                failing, backoff = False, 2.0
+
+    async def _maintain_loop(self) -> None:
+        from nvmon.store import StoreError
+
+        while True:
+            await asyncio.sleep(MAINTAIN_EVERY_S)
+            try:
+                await asyncio.to_thread(self.store.maintain, time.time())
+            except StoreError as e:
+                log.error("store maintenance: %s", e)
+
+    async def _watchdog_loop(self) -> None:
+        """Ping systemd's watchdog only while ticks are flowing: a hung NVML call gets us restarted."""
+        period = sdnotify.watchdog_interval_s()
+        if period is None:
+            return
+        loop = asyncio.get_running_loop()
+        stale_after = max(3 * self.cfg.sampling.interval_s, 5.0)
+        while True:
+            if loop.time() - self._last_tick < stale_after:
+                sdnotify.watchdog()
+            await asyncio.sleep(period / 2)
+
+    async def _wait_stop(self) -> None:
+        await self._stop.wait()
+        raise _Stop()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Run until SIGTERM/SIGINT (or `request_stop()`); returns the exit status."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+                pass
+        self.sampler = self._make_sampler()
+        status = await asyncio.to_thread(self.sampler.open)
+        if not status.available:
+            log.warning("NVML unavailable: %s; sampling InfiniBand/PCIe/host only", status.error)
+        self.store = self._make_store()
+        self.publisher = self._make_publisher()
+        # The first sample before anything else: inventory and the first stored tick need it.
+        self.latest = await asyncio.to_thread(self.sampler.sample)
+        log.info("nvmon %s on %s: %d GPUs, %d IB ports, every %.3g s, db %s, broker %s", __version__,
+                 self.node, len(self.latest.gpus), len(self.latest.ib), self.cfg.sampling.interval_s,
+                 self.cfg.store.path, self.cfg.mqtt.broker or "none")
+        sdnotify.ready()
+        sdnotify.status(f"sampling {len(self.latest.gpus)} GPUs every {self.cfg.sampling.interval_s:g} s")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._sample_loop(), name="sampler")
+                tg.create_task(self._store_loop(), name="store")
+                tg.create_task(self._maintain_loop(), name="maintain")
+                tg.create_task(self._watchdog_loop(), name="watchdog")
+                if self.publisher is not None:
+                    tg.create_task(self.publisher.run(self.wire_q, self.inventory), name="publisher")
+                tg.create_task(self._wait_stop(), name="stop")
+        except* _Stop:
+            pass
+        finally:
+            sdnotify.stopping()
+            await self._shutdown()
+        return 0
+
+    async def _shutdown(self) -> None:
+        """Flush what is queued to the store (bounded time), then release hardware and files."""
+        pending = []
+        while not self.store_q.empty():
+            pending.append(self.store_q.get_nowait())
+        if pending and self.store is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._flush, pending), FLUSH_ON_STOP_S)
+            except (TimeoutError, Exception) as e:  # noqa: BLE001 - shutting down: report, never hang
+                log.error("store flush on stop: %s", e)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+        if self.sampler is not None:
+            self.sampler.close()
+        if self.sim_node is not None:
+            self.sim_node.close()
+        log.info("stopped after %d ticks (%d stored, %d missed, %d sampling errors)", self.stats.ticks,
+                 self.stats.stored, self.stats.missed_ticks, self.stats.sample_errors)
+
+    def _flush(self, samples: list[Sample]) -> None:
+        from nvmon.store import StoreError
+
+        try:
+            self.store.open()
+            self.store.write_many(samples)
+        except StoreError as e:
+            log.error("store flush on stop: %s", e)

@@ -1,0 +1,286 @@
+"""`Sample` → table rows, and the compact per-link forms (uint16 blobs, bit masks) back to values.
+
+Every value goes through a coercer that turns anything unstorable (NaN, ±inf, wrong types, numbers
+past SQLite's 64-bit range) into NULL, so a bad sample can never fail the transaction that also
+carries good ones. Static facts (names, UUIDs, link map) are not repeated per tick: they go to the
+`inventory` table when they change (see `facts_*`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from nvmon.collect.nvml_fields import THROTTLE_BITS
+from nvmon.collect.sysfs import IB_PHYS_STATES, IB_STATES
+from nvmon.model import GpuSample, IbPortSample, Sample
+
+MB = 1_000_000  # per-link rates are stored in MB/s (10^6 bytes/s), one uint16 per link
+U16_UNKNOWN = 0xFFFF
+U16_MAX = 0xFFFE  # faster links saturate here (65.5 GB/s per direction: above NVLink 5's 53 GB/s)
+MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS: masks fit in a 64-bit integer
+_I64 = 2**63 - 1
+THROTTLE_BIT = {name: bit for bit, name in THROTTLE_BITS}
+# IB port states are stored as the kernel's own numbers (sysfs "4: ACTIVE"): 1 byte, not 6.
+IB_STATE_CODES = {name: code for code, name in IB_STATES.items()}
+IB_PHYS_CODES = {name: code for code, name in IB_PHYS_STATES.items()}
+
+
+def real(v: Any) -> float | None:
+    """A finite float, else None."""
+    t = type(v)
+    if t is float:  # the common case first: this runs ~500 times a tick
+        return v if -1e300 < v < 1e300 else None  # also False for NaN
+    if t is int:
+        return float(v) if -1e300 < v < 1e300 else None
+    if v is None or t is bool or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if -1e300 < f < 1e300 else None
+
+
+def rate(v: Any) -> float | None:
+    """Bytes/s rounded to whole bytes: SQLite then stores it as a compact integer (REAL column)."""
+    f = real(v)
+    return float(round(f)) if f is not None and abs(f) < 2**62 else None
+
+
+def watts(v: Any) -> float | None:
+    """Rounded to a whole number. For power: the board sensor is accurate to about ±5 W (nvidia-smi's
+    documentation), and a fractional value costs 8 bytes where a whole one costs 2 (~5 MB a day).
+    Host CPU and memory percentages get the same treatment."""
+    f = real(v)
+    return float(round(f)) if f is not None else None
+
+
+def integer(v: Any) -> int | None:
+    """An integer within SQLite's range, else None (bools count: they are 0/1 flags)."""
+    if type(v) is int:
+        return v if -_I64 <= v <= _I64 else None
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return int(v) if -_I64 <= v <= _I64 else None
+    f = real(v)
+    return int(f) if f is not None and f.is_integer() and abs(f) <= _I64 else None
+
+
+def text(v: Any, limit: int = 200) -> str | None:
+    return None if v is None else str(v)[:limit]
+
+
+def ts_ms(ts: Any) -> int | None:
+    """Unix seconds → integer milliseconds; None for timestamps no clock can produce."""
+    f = real(ts)
+    return int(round(f * 1000)) if f is not None and 0 <= f < 1e11 else None
+
+
+def json_or_null(v: Any) -> str | None:
+    return json.dumps(v, separators=(",", ":"), sort_keys=True) if v else None
+
+
+def pack_mb(values: Iterable[Any]) -> bytes:
+    """Rates in bytes/s → little-endian uint16 MB/s (rounded, saturating; unknown → 65535)."""
+    out = []
+    for v in values:
+        f = real(v)
+        out.append(U16_UNKNOWN if f is None or f < 0 else min(U16_MAX, int(f / MB + 0.5)))
+    return struct.pack(f"<{len(out)}H", *out)
+
+
+def unpack_mb(blob: bytes | None) -> list[float | None]:
+    """The inverse of `pack_mb`: bytes/s per link (None where unknown)."""
+    if not blob:
+        return []
+    n = len(blob) // 2
+    return [None if u == U16_UNKNOWN else float(u * MB) for u in struct.unpack(f"<{n}H", blob[: 2 * n])]
+
+
+def unpack_u16(blob: bytes | None) -> list[int]:
+    """Raw uint16 values of a blob (65535 = unknown); for rollups that aggregate without scaling."""
+    if not blob:
+        return []
+    n = len(blob) // 2
+    return list(struct.unpack(f"<{n}H", blob[: 2 * n]))
+
+
+def pack_u16(values: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(values)}H", *values)
+
+
+def masks(active: Sequence[bool | None]) -> tuple[int, int]:
+    """Per-link states → (up_mask, down_mask); a link in neither is unknown."""
+    up = down = 0
+    for n, a in enumerate(active[:MAX_LINKS]):
+        if a is True:
+            up |= 1 << n
+        elif a is False:
+            down |= 1 << n
+    return up, down
+
+
+def unmask(up: int | None, down: int | None, count: int) -> list[bool | None]:
+    up, down = up or 0, down or 0
+    return [True if up >> n & 1 else False if down >> n & 1 else None for n in range(count)]
+
+
+def _sum_known(values: Iterable[Any]) -> int | None:
+    known = [i for i in map(integer, values) if i is not None]
+    return sum(known) if known else None
+
+
+def _nonzero_errors(errors: Any) -> dict[str, int]:
+    if not isinstance(errors, dict) or not any(errors.values()):
+        return {}
+    return {str(k)[:40]: i for k, v in errors.items() if (i := integer(v))}
+
+
+def throttle_mask(reasons: Any) -> int | None:
+    """Reason names → NVML's bit mask (names it does not know are left out); None: unreadable."""
+    if reasons is None or not isinstance(reasons, (tuple, list)):
+        return None
+    mask = 0
+    for r in reasons:
+        mask |= THROTTLE_BIT.get(r, 0) if isinstance(r, str) else 0
+    return mask
+
+
+def throttle_names(mask: int | None) -> tuple[str, ...] | None:
+    return None if mask is None else tuple(name for bit, name in THROTTLE_BITS if mask & bit)
+
+
+def ib_code(name: Any, table: dict[str, int]) -> int | None:
+    return table.get(name) if isinstance(name, str) else None
+
+
+def gpu_row(t: int, g: GpuSample) -> tuple:
+    """One `gpu_ticks` row (column order of the table). Blobs and masks are indexed by link
+    number, not position, so a link missing from the sample stays a gap (unknown)."""
+    by_link = {}
+    for lk in g.nvlink:
+        n = integer(lk.link)
+        if n is not None and 0 <= n < MAX_LINKS:
+            by_link[n] = lk
+    slots = max(by_link, default=-1) + 1
+    tx: list[Any] = [None] * slots
+    rx: list[Any] = [None] * slots
+    up = down = 0
+    errors: dict[str, dict[str, int]] = {}
+    deltas: list[Any] = []
+    for n, lk in by_link.items():
+        tx[n], rx[n] = lk.tx_bytes_per_s, lk.rx_bytes_per_s
+        if lk.active is True:
+            up |= 1 << n
+        elif lk.active is False:
+            down |= 1 << n
+        d = lk.errors_delta
+        if isinstance(d, dict) and d:
+            deltas.extend(d.values())
+            if e := _nonzero_errors(d):
+                errors[str(n)] = e
+    pcie = g.pcie
+    has_links = slots > 0
+    return (
+        t, integer(g.index), 1 if g.lost else 0,
+        watts(g.power_w), real(g.power_limit_w), rate(g.energy_j), real(g.temperature_c),
+        real(g.utilization_pct), throttle_mask(g.throttle_reasons),
+        integer(pcie.gen), integer(pcie.width), rate(pcie.tx_bytes_per_s), rate(pcie.rx_bytes_per_s),
+        integer(pcie.replay_errors_delta),
+        up.bit_count() if has_links else None, up if has_links else None, down if has_links else None,
+        _sum_rates(tx), _sum_rates(rx),
+        _sum_known(deltas),
+        pack_mb(tx) if has_links else None, pack_mb(rx) if has_links else None,
+        json_or_null(errors), json_or_null([text(n) for n in g.notes]) if g.notes else None,
+    )
+
+
+def _sum_rates(values: list[Any]) -> float | None:
+    known = [f for f in map(real, values) if f is not None]
+    return rate(sum(known)) if known else None
+
+
+def ib_row(t: int, port_id: int, p: IbPortSample) -> tuple:
+    """One `ib_ticks` row."""
+    errors = _nonzero_errors(p.errors_delta)
+    return (
+        t, port_id, ib_code(p.state, IB_STATE_CODES), ib_code(p.phys_state, IB_PHYS_CODES), real(p.rate_gbps),
+        rate(p.tx_bytes_per_s), rate(p.rx_bytes_per_s),
+        _sum_known((p.errors_delta or {}).values()) if isinstance(p.errors_delta, dict) else None,
+        json_or_null(errors),
+    )
+
+
+def tick_row(t: int, s: Sample) -> tuple:
+    """One `ticks` row."""
+    powers = [f for f in (watts(g.power_w) for g in s.gpus) if f is not None]
+    return (
+        t, real(s.interval_s), 1 if s.nvml.available else 0,
+        len(s.gpus), sum(1 for g in s.gpus if g.lost), sum(powers) if powers else None,
+        text(s.topology.class_, 40), watts(s.host.cpu_pct), watts(s.host.mem_used_pct), real(s.host.load1),
+        json_or_null([text(n) for n in s.notes]),
+    )
+
+
+def node_signature(s: Sample) -> tuple:
+    """Raw values `facts_node` reads: equal signatures give equal facts."""
+    return (s.node, s.host.hostname, s.host.kernel, s.nvml, s.nvswitches)
+
+
+def gpu_signature(g: GpuSample) -> tuple:
+    return (g.name, g.uuid, g.serial, g.pci_bus_id, g.power_default_limit_w, g.power_max_limit_w,
+            g.pcie.max_gen, g.pcie.max_width, g.pcie.device_max_gen, g.nvlink_count, g.lost,
+            tuple((lk.link, lk.version, lk.speed_mbps, lk.remote_type, lk.remote_pci_bus_id) for lk in g.nvlink))
+
+
+def ib_signature(p: IbPortSample) -> tuple:
+    return (p.device, p.port, p.pci_bus_id, p.rate_name, p.link_layer, p.pcie.gen, p.pcie.width,
+            p.pcie.max_gen, p.pcie.max_width)
+
+
+def merge_facts(new: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """Fill what this tick could not read (None) from the last known facts, so that a port or GPU
+    that blinks does not add an inventory row each time it does."""
+    prev = previous or {}
+    return {k: (v if v is not None else prev.get(k)) for k, v in new.items()}
+
+
+def facts_node(s: Sample, previous: dict[str, Any] | None) -> dict[str, Any]:
+    """Slow-changing node facts; a new `inventory` row is written when these change. The topology
+    matrix is left out on purpose: it follows link states, which are stored per tick."""
+    from nvmon.model import to_jsonable
+
+    return merge_facts({
+        "node": s.node, "hostname": s.host.hostname, "kernel": s.host.kernel, "nvml": to_jsonable(s.nvml),
+        "nvswitches": to_jsonable(s.nvswitches) or None,
+    }, previous)
+
+
+def facts_gpu(g: GpuSample, previous: dict[str, Any] | None) -> dict[str, Any]:
+    """Static GPU facts, including the link map (per link: version, speed, remote type and bus id)."""
+    prev_links = {lk.get("link"): lk for lk in (previous or {}).get("nvlink") or []}
+    links = [
+        merge_facts({"link": lk.link, "version": lk.version, "speed_mbps": lk.speed_mbps,
+                     "remote_type": lk.remote_type, "remote_pci_bus_id": lk.remote_pci_bus_id},
+                    prev_links.get(lk.link))
+        for lk in sorted(g.nvlink, key=lambda x: x.link if isinstance(x.link, int) else -1)
+    ]
+    return merge_facts({
+        "name": g.name, "uuid": g.uuid, "serial": g.serial, "pci_bus_id": g.pci_bus_id,
+        "power_default_limit_w": real(g.power_default_limit_w), "power_max_limit_w": real(g.power_max_limit_w),
+        "pcie_max_gen": integer(g.pcie.max_gen), "pcie_max_width": integer(g.pcie.max_width),
+        "pcie_device_max_gen": integer(g.pcie.device_max_gen), "nvlink_count": integer(g.nvlink_count),
+        "nvlink": links or None,  # a lost GPU reports no links: keep the known map
+    }, previous)
+
+
+def facts_ib(p: IbPortSample, previous: dict[str, Any] | None) -> dict[str, Any]:
+    """Static IB port facts (rate name and link layer change rarely: when they do, that is history)."""
+    return merge_facts({
+        "device": p.device, "port": p.port, "pci_bus_id": p.pci_bus_id, "rate_name": p.rate_name,
+        "link_layer": p.link_layer, "pcie_gen": integer(p.pcie.gen), "pcie_width": integer(p.pcie.width),
+        "pcie_max_gen": integer(p.pcie.max_gen), "pcie_max_width": integer(p.pcie.max_width),
+    }, previous)

@@ -1,0 +1,192 @@
+"""1-minute rollups of raw ticks, and pruning. All functions run inside the caller's transaction.
+
+Scalars are aggregated in SQL (min/avg/max over the minute, sums of error deltas); per-link rates
+(uint16 blobs) and bit masks in Python, since SQLite has neither a bitwise-OR aggregate nor a way
+to aggregate inside blobs. Per link, a minute keeps avg and max (not min: 72 bytes a GPU-minute,
+and a link that stops is already in nvlink_down_mask).
+
+Averages are rounded to whole units (bytes/s, W, °C, %): SQLite stores a whole REAL in 1-6 bytes
+and a fractional one in 8, and 90 days of rollups are most of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections import defaultdict
+
+from nvmon.store.codec import U16_UNKNOWN, json_or_null, pack_u16, unpack_u16
+
+log = logging.getLogger("nvmon.store")
+
+MINUTE_MS = 60_000
+GRACE_MS = 5_000  # a minute is complete this long after it ends: ticks still queued can land first
+CHUNK_MS = 3600_000  # at most this much raw history is rolled up or pruned per maintain() call
+
+
+def next_range(conn: sqlite3.Connection, done: int | None, now_ms: int) -> tuple[int, int | None]:
+    """The minutes [start, end) to roll up now: from the rollup point (or the first tick) to the
+    last complete minute, at most CHUNK_MS; empty stretches (the daemon was down) are skipped."""
+    complete = (now_ms - GRACE_MS) // MINUTE_MS * MINUTE_MS
+    row = conn.execute("SELECT min(ts_ms) FROM ticks WHERE ts_ms >= ?", (done or 0,)).fetchone()
+    first = row[0]
+    if first is None or first >= complete:
+        return complete, complete if done is not None and complete > done else None
+    start = first // MINUTE_MS * MINUTE_MS
+    return start, min(complete, start + CHUNK_MS)
+
+
+def roll_up(conn: sqlite3.Connection, start: int, end: int) -> int:
+    """(Re)build the rollup rows of minutes in [start, end); returns how many minutes had GPU rows."""
+    window = (start, end)
+    conn.execute(_NODE_MINUTES, window)
+    conn.execute(_IB_MINUTES, window)
+    scalars = {(r[0], r[1]): r for r in conn.execute(_GPU_SCALARS, window)}
+    per_link = _link_aggregates(conn, window)
+    rows = [(*r, *per_link.get(k, (None,) * 7)) for k, r in scalars.items()]
+    conn.executemany(_GPU_INSERT, rows)
+    return len({minute for minute, _ in scalars})
+
+
+def _link_aggregates(conn: sqlite3.Connection, window: tuple[int, int]) -> dict:
+    """Per (minute, GPU): OR of throttle masks and of down masks, per-link avg/max blobs."""
+    groups: dict[tuple[int, int], list] = defaultdict(lambda: [None, 0, [], [], {}])
+    for minute, gpu, throttle, down, tx, rx, errors in conn.execute(
+        "SELECT ts_ms / 60000 * 60000, gpu, throttle_mask, nvlink_down_mask, nvlink_tx_mb, nvlink_rx_mb, "
+        "nvlink_errors FROM gpu_ticks WHERE ts_ms >= ? AND ts_ms < ?", window,
+    ):
+        g = groups[(minute, gpu)]
+        if errors:
+            _add_errors(g[4], errors)
+        if throttle is not None:  # NULL (unreadable) all minute stays NULL, not "no reasons"
+            g[0] = (g[0] or 0) | throttle
+        g[1] |= down or 0
+        if tx:
+            g[2].append(unpack_u16(tx))
+        if rx:
+            g[3].append(unpack_u16(rx))
+    return {key: (json_or_null(errors), throttle, down, *_avg_max(txs), *_avg_max(rxs))
+            for key, (throttle, down, txs, rxs, errors) in groups.items()}
+
+
+def _add_errors(total: dict, text: str) -> None:
+    """Add one tick's per-link error JSON into the minute's; a malformed value is skipped."""
+    try:
+        per_link = json.loads(text)
+    except ValueError:
+        return
+    if not isinstance(per_link, dict):
+        return
+    for link, kinds in per_link.items():
+        if isinstance(kinds, dict):
+            acc = total.setdefault(link, {})
+            for kind, n in kinds.items():
+                if isinstance(n, int):
+                    acc[kind] = acc.get(kind, 0) + n
+
+
+def _avg_max(rows: list[list[int]]) -> tuple[bytes | None, bytes | None]:
+    """Per-link avg/max over a minute's blobs, unknown values (65535) left out; a link never known
+    in the minute stays unknown. Blobs of different lengths (link count changed) align on link."""
+    if not rows:
+        return None, None
+    avg, hi = [], []
+    for n in range(max(len(r) for r in rows)):
+        vals = [r[n] for r in rows if n < len(r) and r[n] != U16_UNKNOWN]
+        avg.append(int(sum(vals) / len(vals) + 0.5) if vals else U16_UNKNOWN)
+        hi.append(max(vals) if vals else U16_UNKNOWN)
+    return pack_u16(avg), pack_u16(hi)
+
+
+def prune_raw(conn: sqlite3.Connection, cut: int) -> tuple[int, int]:
+    """Delete raw ticks before `cut`, at most CHUNK_MS of them; returns (rows deleted, pruned-to)."""
+    first = conn.execute("SELECT min(ts_ms) FROM ticks").fetchone()[0]
+    if first is None or first >= cut:
+        return 0, cut
+    upto = min(cut, (first // MINUTE_MS * MINUTE_MS) + CHUNK_MS)
+    deleted = 0
+    for table in ("gpu_ticks", "ib_ticks", "ticks"):
+        deleted += conn.execute(f"DELETE FROM {table} WHERE ts_ms < ?", (upto,)).rowcount
+    return deleted, upto
+
+
+def prune_rollups(conn: sqlite3.Connection, cut: int) -> int:
+    """Delete rollups and superseded inventory rows older than `cut`; the newest facts of every
+    GPU, port and node are kept whatever their age."""
+    deleted = 0
+    for table in ("gpu_minutes", "ib_minutes", "node_minutes"):
+        deleted += conn.execute(f"DELETE FROM {table} WHERE ts_ms < ?", (cut,)).rowcount
+    deleted += conn.execute(
+        "DELETE FROM inventory WHERE since_ms < ? AND since_ms < "
+        "(SELECT max(since_ms) FROM inventory j WHERE j.kind = inventory.kind AND j.key = inventory.key)",
+        (cut,),
+    ).rowcount
+    return deleted
+
+
+def reclaim_space(conn: sqlite3.Connection, keep_free: float = 0.25, step_pages: int = 2000) -> None:
+    """Give free pages back to the file system when more than `keep_free` of the file is free (after
+    a retention cut). A steady state reuses its free pages, so this rarely does anything."""
+    try:
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        total = conn.execute("PRAGMA page_count").fetchone()[0]
+        if total and free > keep_free * total and free > step_pages:
+            conn.execute(f"PRAGMA incremental_vacuum({step_pages})").fetchall()
+    except sqlite3.Error as exc:  # only space reclaiming: the data is fine
+        log.warning("store: incremental vacuum failed: %s", exc)
+
+
+_NODE_MINUTES = """
+INSERT OR REPLACE INTO node_minutes
+SELECT ts_ms / 60000 * 60000, count(*), max(gpus_lost),
+    min(gpu_power_w), round(avg(gpu_power_w)), max(gpu_power_w),
+    min(cpu_pct), round(avg(cpu_pct)), max(cpu_pct),
+    min(mem_used_pct), round(avg(mem_used_pct)), max(mem_used_pct),
+    min(load1), round(avg(load1), 2), max(load1)
+FROM ticks WHERE ts_ms >= ? AND ts_ms < ? GROUP BY 1
+"""
+
+_IB_MINUTES = """
+INSERT OR REPLACE INTO ib_minutes
+SELECT ts_ms / 60000 * 60000, port_id, count(*), count(CASE WHEN state = 4 THEN 1 END),
+    min(rate_gbps), round(avg(rate_gbps)), max(rate_gbps),
+    min(tx_bytes_per_s), round(avg(tx_bytes_per_s)), max(tx_bytes_per_s),
+    min(rx_bytes_per_s), round(avg(rx_bytes_per_s)), max(rx_bytes_per_s),
+    sum(errors_delta)
+FROM ib_ticks WHERE ts_ms >= ? AND ts_ms < ? GROUP BY 1, 2
+"""
+
+_GPU_SCALARS = """
+SELECT ts_ms / 60000 * 60000, gpu, count(*), sum(lost),
+    min(power_w), round(avg(power_w)), max(power_w),
+    min(power_limit_w), max(power_limit_w),
+    min(temperature_c), round(avg(temperature_c)), max(temperature_c),
+    min(utilization_pct), round(avg(utilization_pct)), max(utilization_pct),
+    min(pcie_gen), max(pcie_gen), min(pcie_width), max(pcie_width),
+    min(pcie_tx_bytes_per_s), round(avg(pcie_tx_bytes_per_s)), max(pcie_tx_bytes_per_s),
+    min(pcie_rx_bytes_per_s), round(avg(pcie_rx_bytes_per_s)), max(pcie_rx_bytes_per_s),
+    sum(pcie_replay_delta), min(nvlink_active), max(nvlink_active),
+    min(nvlink_tx_bytes_per_s), round(avg(nvlink_tx_bytes_per_s)), max(nvlink_tx_bytes_per_s),
+    min(nvlink_rx_bytes_per_s), round(avg(nvlink_rx_bytes_per_s)), max(nvlink_rx_bytes_per_s),
+    sum(nvlink_errors_delta)
+FROM gpu_ticks WHERE ts_ms >= ? AND ts_ms < ? GROUP BY 1, 2
+"""
+
+# Column order of gpu_minutes, matching the SELECT above followed by _link_aggregates' tuple.
+_GPU_COLUMNS = (
+    "ts_ms, gpu, samples, lost_samples, power_w_min, power_w_avg, power_w_max, "
+    "power_limit_w_min, power_limit_w_max, "
+    "temperature_c_min, temperature_c_avg, temperature_c_max, "
+    "utilization_pct_min, utilization_pct_avg, utilization_pct_max, "
+    "pcie_gen_min, pcie_gen_max, pcie_width_min, pcie_width_max, "
+    "pcie_tx_bytes_per_s_min, pcie_tx_bytes_per_s_avg, pcie_tx_bytes_per_s_max, "
+    "pcie_rx_bytes_per_s_min, pcie_rx_bytes_per_s_avg, pcie_rx_bytes_per_s_max, "
+    "pcie_replay_delta, nvlink_active_min, nvlink_active_max, "
+    "nvlink_tx_bytes_per_s_min, nvlink_tx_bytes_per_s_avg, nvlink_tx_bytes_per_s_max, "
+    "nvlink_rx_bytes_per_s_min, nvlink_rx_bytes_per_s_avg, nvlink_rx_bytes_per_s_max, "
+    "nvlink_errors_delta, nvlink_errors, throttle_mask, nvlink_down_mask, "
+    "nvlink_tx_mb_avg, nvlink_tx_mb_max, nvlink_rx_mb_avg, nvlink_rx_mb_max"
+)
+_GPU_INSERT = (f"INSERT OR REPLACE INTO gpu_minutes ({_GPU_COLUMNS}) VALUES "
+               f"({','.join('?' * len(_GPU_COLUMNS.split(',')))})")

@@ -1,0 +1,331 @@
+"""The node's local history: one SQLite file in WAL mode, written by the daemon.
+
+Durability: WAL with `synchronous=NORMAL`. A commit is appended to the WAL with write() before it
+returns, so a killed process (kill -9, OOM) loses nothing committed and at most the tick it was
+writing; SQLite's WAL checksums make recovery ignore a half-written frame. Only a power cut or
+kernel crash can drop the last commits since the last checkpoint's fsync - never corrupt the file.
+FULL would fsync every tick: a second of history is not worth that wear on a node's boot disk.
+
+Threading: the daemon calls the store through `asyncio.to_thread`, so calls come from changing
+threads; the connection allows that and a lock keeps calls one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from nvmon.model import Sample
+from nvmon.store import codec, rollup
+from nvmon.store.errors import RECONNECT_ON, StoreError, describe, error_name
+from nvmon.store.schema import SchemaError, migrate
+
+log = logging.getLogger("nvmon.store")
+
+PAGE_SIZE = 8192  # measured: 8 KiB pages hold the ~190-byte GPU rows with less slack than 4 KiB
+MIN_SQLITE = (3, 37)  # STRICT tables. JSON functions: built in from 3.38, compiled in by distros before
+WAL_LIMIT_BYTES = 64 * 2**20  # the WAL is truncated back to this after a checkpoint
+
+_INSERT_TICK = "INSERT OR IGNORE INTO ticks VALUES (" + ",".join("?" * 11) + ")"
+_INSERT_GPU = "INSERT OR IGNORE INTO gpu_ticks VALUES (" + ",".join("?" * 24) + ")"
+_INSERT_IB = "INSERT OR IGNORE INTO ib_ticks VALUES (" + ",".join("?" * 9) + ")"
+
+
+class Store:
+    """`open()`, then `write()` / `write_many()` per tick and `maintain(now)` about once a minute.
+
+    Every failure raises StoreError with a one-line message. After one, the object stays usable:
+    the next call reconnects if the connection itself went bad (file made read-only, moved), so a
+    daemon can keep a backlog and retry `write_many(backlog)` until it succeeds.
+    """
+
+    def __init__(self, path: str | Path, *, raw_retention_s: float = 48 * 3600,
+                 rollup_retention_s: float = 90 * 86400):
+        self.path = Path(path)
+        self.raw_retention_s = float(raw_retention_s)
+        self.rollup_retention_s = float(rollup_retention_s)
+        self.schema_version = 0
+        self.skipped = 0  # samples not stored: unusable timestamp, unreadable object, before the raw window
+        self._conn: sqlite3.Connection | None = None
+        self._db: sqlite_utils.Database | None = None
+        self._lock = threading.Lock()
+        self._facts: dict[tuple[str, str], str] = {}  # latest inventory facts (JSON) per (kind, key)
+        self._sigs: dict[tuple[str, str], tuple] = {}  # the raw values those facts were built from
+        self._ports: dict[tuple[str, int], int] = {}  # (device, port) → ib_ports.id
+        self._state: dict[str, Any] = {}
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create or migrate the database and switch it to WAL. Raises StoreError (one line)."""
+        with self._lock:
+            self._connect()
+
+    def close(self) -> None:
+        """Close the connection (checkpointing the WAL); the store may be opened again."""
+        with self._lock:
+            self._disconnect()
+
+    def __enter__(self) -> Store:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise StoreError(f"database {self.path}: SQLite {sqlite3.sqlite_version} is too old; nvmon needs "
+                             f"{'.'.join(map(str, MIN_SQLITE))} or newer (STRICT tables, JSON functions)")
+        _check_writable(self.path)
+        conn = None
+        try:
+            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE below), never implicit.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+                # Only a new, empty file takes these; they are fixed once the first table exists.
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # so maintain() can hand space back
+            db = sqlite_utils.Database(conn, execute_plugins=False)
+            db.enable_wal()
+            if db.journal_mode != "wal":
+                raise StoreError(f"database {self.path}: cannot switch to WAL mode (journal_mode={db.journal_mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
+            self.schema_version = migrate(conn)
+            # Prove the file is writable now rather than at the first tick: a read-only file
+            # opens "successfully" in read-only mode.
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("COMMIT")
+            self._load_caches(conn)
+        except BaseException as exc:
+            if conn is not None:
+                _close_quietly(conn)
+            if isinstance(exc, StoreError):
+                raise
+            if isinstance(exc, SchemaError):
+                raise StoreError(f"database {self.path}: {exc}") from None
+            if isinstance(exc, (sqlite3.Error, OSError)):
+                raise describe(self.path, exc) from None
+            raise
+        self._conn, self._db = conn, db
+        return conn
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            _close_quietly(self._conn)
+        self._conn = self._db = None
+
+    def _load_caches(self, conn: sqlite3.Connection) -> None:
+        self._facts = {
+            (kind, key): facts for kind, key, facts in conn.execute(
+                "SELECT kind, key, facts FROM inventory i WHERE since_ms = "
+                "(SELECT max(since_ms) FROM inventory j WHERE j.kind = i.kind AND j.key = i.key)")
+        }
+        self._sigs = {}
+        self._ports = {(dev, port): pid for pid, dev, port in conn.execute("SELECT id, device, port FROM ib_ports")}
+        self._state = dict(conn.execute("SELECT key, value FROM state"))
+
+    def _fail(self, exc: BaseException) -> StoreError:
+        """Roll back, decide whether the connection survives, and build the one-line error."""
+        conn = self._conn
+        if conn is not None and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # SQLite may already have rolled back (SQLITE_FULL does); nothing to keep
+        name = error_name(exc) or ""
+        if not isinstance(exc, sqlite3.Error) or name.startswith(RECONNECT_ON):
+            self._disconnect()  # _connect() reloads every cache
+        elif conn is not None:
+            try:  # the rolled-back transaction may have moved the rollup point: read it again
+                self._state = dict(conn.execute("SELECT key, value FROM state"))
+            except sqlite3.Error:
+                self._disconnect()
+        return exc if isinstance(exc, StoreError) else describe(self.path, exc)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, sample: Sample) -> None:
+        """Store one tick in one transaction. Raises StoreError; nothing of the tick is kept then."""
+        self.write_many((sample,))
+
+    def write_many(self, samples: Sequence[Sample]) -> None:
+        """Store a backlog of ticks in one transaction: all of them or, on StoreError, none.
+
+        A tick already stored (same timestamp) is left as it is, so retrying a backlog is safe.
+        A sample that cannot be read as one is skipped and counted in `skipped`, not fatal: one
+        bad sample must not cost the good ones around it.
+        """
+        if not samples:
+            return
+        with self._lock:
+            try:
+                conn = self._connect()
+                conn.execute("BEGIN IMMEDIATE")
+                facts, ports = self._write_samples(conn, samples)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                raise self._fail(exc) from None
+            # Caches change only once the transaction holding their rows has committed.
+            for key, (sig, text) in facts.items():
+                self._sigs[key], self._facts[key] = sig, text
+            self._ports.update(ports)
+
+    def _write_samples(self, conn: sqlite3.Connection, samples: Sequence[Sample]):
+        pending_facts: dict[tuple[str, str], tuple[tuple, str]] = {}
+        pending_ports: dict[tuple[str, int], int] = {}
+        horizon = int(self._state.get("raw_pruned_ms") or 0)
+        rolled = self._state.get("rollup_done_ms")
+        earliest = None
+        for sample in samples:
+            t = codec.ts_ms(getattr(sample, "ts", None))
+            if t is None or t < horizon:
+                self.skipped += 1  # no usable time, or older than what pruning already removed
+                continue
+            try:
+                tick = codec.tick_row(t, sample)
+                gpus = [row for g in sample.gpus if (row := codec.gpu_row(t, g))[1] is not None]
+                ib = []
+                for p in sample.ib:
+                    key = (str(p.device)[:40], codec.integer(p.port) or 0)
+                    pid = self._ports.get(key) or pending_ports.get(key)
+                    if pid is None:
+                        pid = conn.execute("INSERT INTO ib_ports (device, port) VALUES (?, ?)", key).lastrowid
+                        pending_ports[key] = pid
+                    ib.append((p, key, codec.ib_row(t, pid, p)))
+            except (AttributeError, TypeError, ValueError) as exc:
+                self.skipped += 1
+                log.warning("store: skipped a malformed sample: %s", exc)
+                continue
+            if conn.execute(_INSERT_TICK, tick).rowcount == 0:
+                continue  # this tick is stored already: keep what is there
+            conn.executemany(_INSERT_GPU, gpus)
+            conn.executemany(_INSERT_IB, [row for _, _, row in ib])
+            self._note_facts(conn, t, sample, ib, pending_facts)
+            earliest = t if earliest is None else min(earliest, t)
+        if earliest is not None and rolled is not None and earliest < rolled:
+            # A late tick (a backlog written after an outage) lands in a minute already rolled up:
+            # roll that minute up again at the next maintain().
+            self._set_state(conn, "rollup_done_ms", earliest // 60000 * 60000)
+        return pending_facts, pending_ports
+
+    def _note_facts(self, conn, t: int, sample: Sample, ib: list, pending: dict) -> None:
+        """Write an inventory row for each GPU, port or node whose static facts changed.
+
+        A cheap signature of the raw values is compared first; facts are only rebuilt and
+        serialised when it changes (that JSON work per tick was a third of the write cost).
+        """
+        def put(kind: str, key: str, sig: tuple, build) -> None:
+            ck = (kind, key)
+            if ck in pending:
+                prev_sig, old = pending[ck]
+            else:
+                prev_sig, old = self._sigs.get(ck), self._facts.get(ck)
+            if sig == prev_sig and old is not None:
+                return
+            facts = json.dumps(build(json.loads(old) if old else None), sort_keys=True, default=str)
+            if facts != old:
+                conn.execute("INSERT OR REPLACE INTO inventory VALUES (?, ?, ?, ?)", (kind, key, t, facts))
+            pending[ck] = (sig, facts)
+
+        try:
+            put("node", "", codec.node_signature(sample), lambda prev: codec.facts_node(sample, prev))
+            for g in sample.gpus:
+                put("gpu", str(g.index), codec.gpu_signature(g), lambda prev, g=g: codec.facts_gpu(g, prev))
+            for p, (dev, port), _ in ib:
+                put("ib", f"{dev}:{port}", codec.ib_signature(p), lambda prev, p=p: codec.facts_ib(p, prev))
+        except (AttributeError, TypeError, ValueError) as exc:  # facts are best effort; the tick is kept
+            log.warning("store: facts not recorded: %s", exc)
+
+    def _set_state(self, conn: sqlite3.Connection, key: str, value: Any) -> None:
+        conn.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, value))
+        self._state[key] = value  # a failed transaction reloads state on reconnect (see _fail)
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    def maintain(self, now: float) -> dict[str, int]:
+        """Roll up completed minutes and prune past the retention windows, in one transaction.
+
+        Bounded work per call (at most an hour of raw ticks rolled up or pruned), so calling it
+        every ~60 s stays cheap and a long backlog is worked off over several calls. Pruning of raw
+        ticks never passes the rollup point: no tick is deleted before its minute is rolled up.
+        `now` is the caller's clock, not the newest sample's, so one bad timestamp cannot make the
+        store prune real history. Returns counts of rows rolled up and pruned.
+        """
+        with self._lock:
+            try:
+                conn = self._connect()
+                conn.execute("BEGIN IMMEDIATE")
+                stats = self._maintain(conn, float(now))
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                raise self._fail(exc) from None
+            rollup.reclaim_space(conn)
+            return stats
+
+    def _maintain(self, conn: sqlite3.Connection, now: float) -> dict[str, int]:
+        now_ms = int(now * 1000)
+        done = self._state.get("rollup_done_ms")
+        start, end = rollup.next_range(conn, done, now_ms)
+        stats = {"minutes": 0}
+        if end is not None and end > (done or 0):
+            stats["minutes"] = rollup.roll_up(conn, start, end)
+            self._set_state(conn, "rollup_done_ms", end)
+        done = self._state.get("rollup_done_ms") or 0
+        # Minute-aligned, so that a late tick at or after the horizon never shares a minute
+        # with pruned ones (its minute can then be rolled up again in full).
+        raw_cut = min(now_ms - int(self.raw_retention_s * 1000), done) // 60000 * 60000
+        stats["raw_pruned"], pruned_to = rollup.prune_raw(conn, raw_cut)
+        if pruned_to > int(self._state.get("raw_pruned_ms") or 0):
+            self._set_state(conn, "raw_pruned_ms", pruned_to)
+        stats["rollups_pruned"] = rollup.prune_rollups(conn, now_ms - int(self.rollup_retention_s * 1000))
+        return stats
+
+    # -- reading (the writer's own view; `nvmon history` uses nvmon.store.query read-only) ------
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+        """Rows of a read query as dicts (tests, tools). Raises StoreError."""
+        with self._lock:
+            try:
+                self._connect()
+                return list(self._db.query(sql, params))
+            except BaseException as exc:
+                raise self._fail(exc) from None
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a file we could only read, before SQLite touches it: SQLite would open it read-only
+    and create the -wal/-shm files with the file's read-only mode, and that -shm keeps blocking
+    writes after the file itself is made writable again."""
+    parent = path.parent
+    try:
+        if not parent.is_dir():
+            raise StoreError(f"database {path}: directory {parent} does not exist (ENOENT)", "ENOENT")
+        if hasattr(os, "ST_RDONLY") and os.statvfs(parent).f_flag & os.ST_RDONLY:
+            raise StoreError(f"database {path}: read-only file system (EROFS)", "EROFS")
+        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if p.exists() and not os.access(p, os.R_OK | os.W_OK):
+                raise StoreError(f"database {path}: no write permission on {p.name} (EACCES)", "EACCES")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            # SQLite needs the directory for the -wal and -shm files, even for an existing database.
+            raise StoreError(f"database {path}: no write permission on directory {parent} (EACCES)", "EACCES")
+    except OSError as exc:
+        raise describe(path, exc) from None
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error:
+        pass

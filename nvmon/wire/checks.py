@@ -1,0 +1,134 @@
+"""Checks for untrusted JSON: each returns the value or raises WireError naming the path.
+
+Used by `parse`; generic (no knowledge of the message kinds). Every check bounds what it accepts,
+so that no payload can make a reader allocate, loop or print something absurd.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from nvmon.wire.contract import MAX_GPUS, MAX_LABELS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_TEXT, WireError
+
+MAX_RATE = 1e15  # bytes/s: a petabyte per second is not a measurement
+MAX_TS = 1e11  # unix seconds, year ~5138
+MAX_COUNTER = 2**64
+
+
+def _reject_constant(name: str) -> Any:
+    raise WireError(f"non-finite number {name} in JSON")
+
+
+def loads(payload: object) -> Any:
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise WireError(f"payload is {type(payload).__name__}, expected bytes")
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise WireError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        decoded = bytes(payload).decode("utf-8")
+        return json.loads(decoded, parse_constant=_reject_constant)
+    except WireError:  # from _reject_constant; WireError is a ValueError, keep its message
+        raise
+    except UnicodeDecodeError:
+        raise WireError("payload is not UTF-8") from None
+    except RecursionError:
+        raise WireError("JSON nested too deeply") from None
+    except json.JSONDecodeError as e:
+        raise WireError(f"invalid JSON: {e.msg} at byte {e.pos}") from None
+    except ValueError:  # int() refuses literals past 4300 digits; every range check is far below
+        raise WireError("invalid JSON: number literal too long") from None
+
+
+def fail(path: str, want: str, got: object) -> WireError:
+    return WireError(f"{path}: expected {want}, got {type(got).__name__}")
+
+
+def text(v: object, path: str, limit: int = MAX_TEXT, *, null: bool = True) -> str | None:
+    if v is None and null:
+        return None
+    if not isinstance(v, str):
+        raise fail(path, "text", v)
+    if len(v) > limit:
+        raise WireError(f"{path}: text longer than {limit}")
+    try:
+        v.encode("utf-8")  # lone surrogates (from \ud800 escapes) would break every later encode
+    except UnicodeEncodeError:
+        raise WireError(f"{path}: text is not valid Unicode") from None
+    return v
+
+
+def integer(v: object, path: str, lo: int = 0, hi: int = MAX_COUNTER, *, null: bool = True) -> int | None:
+    if v is None and null:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool):  # bool is an int in Python; not on the wire
+        raise fail(path, "integer", v)
+    if not lo <= v <= hi:
+        raise WireError(f"{path}: {v} outside {lo}..{hi}")
+    return v
+
+
+def number(v: object, path: str, lo: float = 0.0, hi: float = MAX_RATE, *, null: bool = True) -> float | None:
+    if v is None and null:
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise fail(path, "number", v)
+    if not (math.isfinite(v) and lo <= v <= hi):  # json.loads turns 1e999 into inf
+        raise WireError(f"{path}: {v!r:.24} outside {lo:g}..{hi:g}")
+    return float(v)
+
+
+def array(v: object, path: str, limit: int, *, length: int | None = None) -> list:
+    if not isinstance(v, list):
+        raise fail(path, "list", v)
+    if len(v) > limit or (length is not None and len(v) != length):
+        raise WireError(f"{path}: {len(v)} items, expected {length if length is not None else f'at most {limit}'}")
+    return v
+
+
+def ints(v: object, path: str, lo: int, hi: int, limit: int, *, length: int | None = None) -> tuple:
+    """A list of integers (or nulls) in lo..hi. The common all-int case is checked in C-speed
+    builtins: the aggregator reads thousands of these arrays a second."""
+    v = array(v, path, limit, length=length)
+    if set(map(type, v)) <= {int} and (not v or (lo <= min(v) and max(v) <= hi)):
+        return tuple(v)
+    return tuple(integer(x, f"{path}[{i}]", lo, hi) for i, x in enumerate(v))
+
+
+def nums(v: object, path: str, lo: float, hi: float, limit: int, *, length: int | None = None) -> tuple:
+    """Like `ints` for numbers; values come back as float (None stays None)."""
+    v = array(v, path, limit, length=length)
+    if set(map(type, v)) <= {int, float} and (not v or (lo <= min(v) and max(v) <= hi)):
+        return tuple(float(x) for x in v)  # min/max also catch ±inf (1e999); NaN cannot be parsed
+    return tuple(number(x, f"{path}[{i}]", lo, hi) for i, x in enumerate(v))
+
+
+def obj(v: object, path: str, limit: int = 256) -> dict:
+    if not isinstance(v, dict):
+        raise fail(path, "object", v)
+    if len(v) > limit:
+        raise WireError(f"{path}: {len(v)} keys, at most {limit}")
+    return v
+
+
+def labels(v: object, path: str) -> dict[str, str]:
+    d = obj({} if v is None else v, path, MAX_LABELS)
+    return {text(k, f"{path} key", MAX_NAME, null=False): text(x, f"{path}[{str(k)[:20]!r}]", null=False)
+            for k, x in d.items()}
+
+
+def plain(v: object, path: str, depth: int = 0) -> Any:
+    """Any JSON value of bounded depth/length (the expected-spec block)."""
+    if depth > 4:
+        raise WireError(f"{path}: nested too deeply")
+    if isinstance(v, dict):
+        return {text(k, f"{path} key", 64, null=False): plain(x, f"{path}.{k}", depth + 1)
+                for k, x in obj(v, path, 64).items()}
+    if isinstance(v, list):
+        return [plain(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(array(v, path, MAX_GPUS))]
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, (int, float)):
+        return number(v, path, -1e15, 1e15)
+    return text(v, path)

@@ -1,0 +1,322 @@
+"""Build the JSON payloads of the MQTT contract from `Sample`s (pure, no I/O).
+
+Four kinds under `nvmon/v1/<cluster>/<node>/` (docs/wire.md has every key):
+
+- `status`    retained, QoS 1: online/offline, version, interval.
+- `inventory` retained, QoS 1: static facts, long readable keys (sent once per connect/change).
+- `sample`    QoS 0, every tick: short keys and column arrays (one value per GPU, one per link),
+              sparse maps for what is usually absent (down links, error rises, throttling), so an
+              8-GPU × 18-link × 8-port node stays under ~2 KB a tick.
+- `alerts`    retained, QoS 1: the full active alert set.
+
+Builders return the encoded bytes (compact JSON, UTF-8) and raise `PayloadTooLarge` rather than
+emit something readers would reject. `parse_message` (the reader) is re-exported here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from nvmon.model import Sample
+from nvmon.specs import NodeSpec, gpu_spec_for
+from nvmon.wire.contract import (
+    ALERT_SEVERITIES,
+    ALERT_STATES,
+    KINDS,
+    LINK_PCT_MAX,
+    MAX_LABELS,
+    MAX_LINKS,
+    MAX_NAME,
+    MAX_PAYLOAD_BYTES,
+    MAX_SUMMARY,
+    MAX_TEXT,
+    SCHEMA,
+    STATUS_STATES,
+    Alert,
+    PayloadTooLarge,
+    WireError,
+    parse_topic,
+    subscription,
+    topic,
+    valid_name,
+)
+from nvmon.wire.parse import parse_message
+
+__all__ = [
+    "KINDS", "MAX_PAYLOAD_BYTES", "SCHEMA", "Alert", "PayloadTooLarge", "WireError", "alerts_payload",
+    "encode", "inventory_payload", "layout_id", "parse_message", "parse_topic", "sample_payload",
+    "status_payload", "subscription", "topic", "valid_name",
+]
+
+IB_UP = ("ACTIVE", "LinkUp")  # the usual (state, phys_state): only ports that differ are listed
+
+
+def encode(obj: Mapping[str, Any]) -> bytes:
+    """Compact JSON bytes; raises PayloadTooLarge over MAX_PAYLOAD_BYTES."""
+    data = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(f"payload of {len(data)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    return data
+
+
+def _num(x: float | None, digits: int = 1) -> float | int | None:
+    """Round for the wire; integral values lose their `.0`; NaN/inf (a sensor bug) → None."""
+    if x is None or isinstance(x, bool) or not math.isfinite(x):
+        return None
+    r = round(float(x), digits)
+    return int(r) if r.is_integer() else r
+
+
+def _int(x: float | None) -> int | None:
+    """Non-negative integer (rates, counts); None for missing or non-finite."""
+    if x is None or isinstance(x, bool) or not math.isfinite(x):
+        return None
+    return max(0, int(round(x)))
+
+
+def _text(s: object, limit: int = MAX_TEXT) -> str | None:
+    return None if s is None else str(s)[:limit]
+
+
+def layout_id(sample: Sample) -> str:
+    """8 hex digits naming what the sample's arrays are indexed by (GPUs by UUID, IB ports).
+
+    A `sample` carries it as `lay` and the `inventory` as `layout`: a reader whose inventory has
+    another layout knows its inventory is stale rather than mislabel a port or GPU.
+    """
+    key = json.dumps([[[g.index, g.uuid] for g in sample.gpus], [[p.device, p.port] for p in sample.ib]])
+    return hashlib.blake2s(key.encode(), digest_size=4).hexdigest()
+
+
+def status_payload(state: str, *, version: str, interval_s: float, ts: float, reason: str | None = None) -> bytes:
+    """`status`: `online` or `offline`; `reason` says why offline ("stopped" clean, "lost" the will)."""
+    if state not in STATUS_STATES:
+        raise ValueError(f"status state {state!r}: expected online or offline")
+    out: dict[str, Any] = {"schema": SCHEMA, "ts": _num(ts, 3), "state": state,
+                           "version": _text(version), "interval_s": _num(interval_s, 3)}
+    if reason is not None:
+        out["reason"] = _text(reason, 32)
+    return encode(out)
+
+
+def _links_by_number(g) -> list:
+    """The GPU's links placed at their link number (arrays on the wire are indexed by link)."""
+    links = [lk for lk in g.nvlink if 0 <= lk.link < MAX_LINKS]
+    slots: list = [None] * (max((lk.link for lk in links), default=-1) + 1)
+    for lk in links:
+        slots[lk.link] = lk
+    return slots
+
+
+def _ref_mbps(g, links) -> int | None:
+    """The link speed that counts as 100 %: the fastest up link's, else the model's spec speed."""
+    speeds = [lk.speed_mbps for lk in links if lk is not None and lk.active and lk.speed_mbps]
+    if speeds:
+        return int(max(speeds))
+    spec = gpu_spec_for(g.name)
+    return spec.nvlink_link_mbps if spec is not None else None
+
+
+def _pct(rate: float | None, ref_mbps: int | None) -> int | None:
+    if rate is None or ref_mbps is None or not math.isfinite(rate):
+        return None
+    return min(LINK_PCT_MAX, max(0, round(rate / (ref_mbps * 1e4))))  # B/s ÷ (MB/s × 1e6 / 100)
+
+
+def _rises(deltas: Mapping[str, int | None]) -> dict[str, int]:
+    """Only counters that rose: a quiet link costs no bytes."""
+    return {_text(k, 32): int(v) for k, v in deltas.items() if v is not None and v > 0}
+
+
+def _sum(values: Iterable[float | None]) -> int | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return _int(sum(vals)) if vals else None
+
+
+def sample_payload(sample: Sample) -> bytes:
+    """`sample`: one tick, compact. Keys in docs/wire.md ("sample"); arrays are per GPU / per port."""
+    gpus = sorted(sample.gpus, key=lambda g: g.index)
+    cols: dict[str, list] = {k: [] for k in ("p", "pl", "t", "u", "pg", "pw", "pt", "pr", "nt", "nr", "ls", "lt", "lr")}
+    lost: list[int] = []
+    sparse: dict[str, dict] = {k: {} for k in ("ld", "lq", "lv", "le", "pe", "th")}
+    for g in gpus:
+        gi = str(g.index)
+        if g.lost:
+            lost.append(g.index)
+        links = _links_by_number(g)
+        ref = _ref_mbps(g, links)
+        row = {
+            "p": _num(g.power_w), "pl": _num(g.power_limit_w), "t": _num(g.temperature_c, 0),
+            "u": _num(g.utilization_pct, 0), "pg": _int(g.pcie.gen), "pw": _int(g.pcie.width),
+            "pt": _int(g.pcie.tx_bytes_per_s), "pr": _int(g.pcie.rx_bytes_per_s),
+            "nt": _sum(lk.tx_bytes_per_s for lk in links if lk is not None),
+            "nr": _sum(lk.rx_bytes_per_s for lk in links if lk is not None),
+            "ls": ref if links else None,
+            "lt": [None if lk is None else _pct(lk.tx_bytes_per_s, ref) for lk in links],
+            "lr": [None if lk is None else _pct(lk.rx_bytes_per_s, ref) for lk in links],
+        }
+        for k, v in row.items():
+            cols[k].append(v)
+        down = [n for n, lk in enumerate(links) if lk is not None and lk.active is False]
+        unknown = [n for n, lk in enumerate(links) if lk is not None and lk.active is None]
+        if down:
+            sparse["ld"][gi] = down
+        if unknown:
+            sparse["lq"][gi] = unknown
+        for n, lk in enumerate(links):
+            if lk is None:
+                continue
+            if lk.active and lk.speed_mbps and lk.speed_mbps != ref:
+                sparse["lv"][f"{gi}.{n}"] = int(lk.speed_mbps)
+            if rose := _rises(lk.errors_delta):
+                sparse["le"][f"{gi}.{n}"] = rose
+        if g.pcie.replay_errors_delta:
+            sparse["pe"][gi] = int(g.pcie.replay_errors_delta)
+        if g.throttle_reasons is None:
+            sparse["th"][gi] = None
+        elif g.throttle_reasons:
+            sparse["th"][gi] = [_text(r, 32) for r in g.throttle_reasons]
+
+    out: dict[str, Any] = {"schema": SCHEMA, "ts": _num(sample.ts, 3), "dt": _num(sample.interval_s, 3),
+                           "lay": layout_id(sample)}
+    if [g.index for g in gpus] != list(range(len(gpus))):
+        out["gi"] = [g.index for g in gpus]
+    out.update(cols)
+    if lost:
+        out["lost"] = lost
+    out.update({k: v for k, v in sparse.items() if v})
+
+    ib_state: dict[str, list] = {}
+    ib_err: dict[str, dict] = {}
+    for n, p in enumerate(sample.ib):
+        if (p.state, p.phys_state) != IB_UP:
+            ib_state[str(n)] = [_text(p.state, 32), _text(p.phys_state, 32)]
+        if rose := _rises(p.errors_delta):
+            ib_err[str(n)] = rose
+    out["ig"] = [_num(p.rate_gbps) for p in sample.ib]
+    out["it"] = [_int(p.tx_bytes_per_s) for p in sample.ib]
+    out["ir"] = [_int(p.rx_bytes_per_s) for p in sample.ib]
+    if ib_state:
+        out["is"] = ib_state
+    if ib_err:
+        out["ie"] = ib_err
+    h = sample.host
+    out["h"] = [_num(h.cpu_pct), _num(h.mem_used_pct), _num(h.load1, 2)]
+    if not sample.nvml.available:
+        out["nv"] = _text(sample.nvml.error or "unavailable")
+    return encode(out)
+
+
+def _pcie(p, *, current: bool) -> dict[str, Any]:
+    d = {"max_gen": p.max_gen, "max_width": p.max_width}
+    if current:  # static devices (HCAs, switches): the trained link is a fact of the box
+        d = {"gen": p.gen, "width": p.width, **d}
+    if p.device_max_gen is not None:
+        d["device_max_gen"] = p.device_max_gen
+    return d
+
+
+def _spec_dict(sample: Sample, spec: NodeSpec | None) -> dict[str, Any]:
+    models = []
+    for name in dict.fromkeys(g.name for g in sample.gpus if g.name):
+        s = gpu_spec_for(name)
+        models.append({"model": _text(name), "key": None} if s is None else {
+            "model": _text(name), "key": s.key, "nvlink_links": s.nvlink_links,
+            "nvlink_version": s.nvlink_version, "nvlink_link_mbps": s.nvlink_link_mbps,
+            "power_limit_w": s.power_limit_w, "pcie_gen": s.pcie_gen, "pcie_width": s.pcie_width,
+            "board": s.board})
+    node = None if spec is None else {"gpus": spec.gpus, "ib_ports": spec.ib_ports,
+                                      "ib_rate_gbps": spec.ib_rate_gbps, "topology": spec.topology}
+    return {"node": node, "models": models}
+
+
+def _check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    labels = dict(labels or {})
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"{len(labels)} labels: at most {MAX_LABELS}")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not 0 < len(k) <= MAX_NAME or len(v) > MAX_TEXT:
+            raise ValueError(f"label {str(k)[:40]!r}: keys 1-{MAX_NAME} chars, values up to {MAX_TEXT}, both text")
+    return labels
+
+
+def inventory_payload(sample: Sample, *, cluster: str, rack: str | None = None,
+                      labels: Mapping[str, str] | None = None, spec: NodeSpec | None = None,
+                      ts: float | None = None) -> bytes:
+    """`inventory`: the node's static facts, read from a `Sample` (any tick will do).
+
+    `rack` and `labels` come from configuration; `spec` is the expected node spec (the per-GPU
+    spec comes from each model). Raises ValueError on a bad cluster/node name or labels.
+    """
+    if not valid_name(cluster) or not valid_name(sample.node):
+        raise ValueError(f"cluster {cluster!r} / node {sample.node!r}: use 1-64 of A-Z a-z 0-9 . _ -")
+    if rack is not None and (not isinstance(rack, str) or len(rack) > MAX_NAME):
+        raise ValueError(f"rack {str(rack)[:40]!r}: text up to {MAX_NAME} characters")
+    gpus = []
+    for g in sorted(sample.gpus, key=lambda g: g.index):
+        gpus.append({
+            "index": g.index, "model": _text(g.name), "uuid": _text(g.uuid), "serial": _text(g.serial),
+            "bus_id": _text(g.pci_bus_id), "power_default_limit_w": _num(g.power_default_limit_w),
+            "power_max_limit_w": _num(g.power_max_limit_w), "pcie": _pcie(g.pcie, current=False),
+            "link_count": g.nvlink_count,
+            "links": [{"link": lk.link, "version": lk.version, "speed_mbps": lk.speed_mbps,
+                       "remote_type": _text(lk.remote_type, 32), "remote_bus_id": _text(lk.remote_pci_bus_id)}
+                      for lk in g.nvlink if 0 <= lk.link < MAX_LINKS],
+        })
+    topo = sample.topology
+    out = {
+        "schema": SCHEMA, "ts": _num(sample.ts if ts is None else ts, 3), "node": sample.node,
+        "cluster": cluster, "rack": rack, "labels": _check_labels(labels), "layout": layout_id(sample),
+        "gpus": gpus,
+        "topology": {"class": _text(topo.class_, 32), "matrix": [[_text(c, 16) for c in row] for row in topo.matrix],
+                     "nvswitch_links": list(topo.nvswitch_links)},
+        "ib": [{"device": _text(p.device), "port": p.port, "link_layer": _text(p.link_layer, 32),
+                "rate_gbps": _num(p.rate_gbps), "rate_name": _text(p.rate_name, 32), "bus_id": _text(p.pci_bus_id),
+                "pcie": _pcie(p.pcie, current=True)} for p in sample.ib],
+        "nvswitches": [{"bus_id": _text(s.pci_bus_id), "kind": _text(s.kind, 32), "pcie": _pcie(s.pcie, current=True)}
+                       for s in sample.nvswitches],
+        "spec": _spec_dict(sample, spec),
+        "host": {"hostname": _text(sample.host.hostname), "kernel": _text(sample.host.kernel)},
+        "nvml": {"driver_version": _text(sample.nvml.driver_version), "nvml_version": _text(sample.nvml.nvml_version),
+                 "error": None if sample.nvml.available else _text(sample.nvml.error or "unavailable")},
+    }
+    return encode(out)
+
+
+_SEVERITY_RANK = {s: i for i, s in enumerate(ALERT_SEVERITIES)}
+
+
+def _alert_dict(a: Alert) -> dict[str, Any]:
+    if a.severity not in ALERT_SEVERITIES or a.state not in ALERT_STATES:
+        raise ValueError(f"alert {a.fingerprint!r}: severity {a.severity!r} / state {a.state!r} not in the contract")
+    d: dict[str, Any] = {"fingerprint": _text(a.fingerprint, MAX_NAME), "code": _text(a.code, MAX_NAME),
+                         "severity": a.severity, "state": a.state, "summary": _text(a.summary, MAX_SUMMARY),
+                         "since": _num(a.since, 3)}
+    for k in ("gpu", "link", "device", "port"):
+        if (v := getattr(a, k)) is not None:
+            d[k] = _text(v) if k == "device" else v
+    if a.labels:
+        d["labels"] = _check_labels(a.labels)
+    return d
+
+
+def alerts_payload(alerts: Iterable[Alert], ts: float) -> bytes:
+    """`alerts`: the full active set, most severe first. Past the size limit the least severe
+    (then newest) alerts are left out and counted in `omitted`, so the set never fails to publish."""
+    items = sorted(alerts, key=lambda a: (_SEVERITY_RANK.get(a.severity, 9), a.since, a.fingerprint))
+    encoded = [encode(_alert_dict(a)) for a in items]
+    ts_text = json.dumps(_num(ts, 3))
+    # The envelope is at its largest when every alert is omitted (most digits in `omitted`).
+    budget = MAX_PAYLOAD_BYTES - len(f'{{"schema":{SCHEMA},"ts":{ts_text},"omitted":{len(encoded)},"alerts":[]}}')
+    keep = 0
+    for e in encoded:
+        budget -= len(e) + (1 if keep else 0)  # the comma between items
+        if budget < 0:
+            break
+        keep += 1
+    head = f'{{"schema":{SCHEMA},"ts":{ts_text},"omitted":{len(encoded) - keep},"alerts":['
+    return head.encode() + b",".join(encoded[:keep]) + b"]}"

@@ -1,0 +1,271 @@
+"""`nvmon daemon` as it runs on a node: a real process, a real Mosquitto, SQLite on disk — and the
+failures around it (broker away, kill -9, unwritable database, GPUs failing mid-run, bad creds)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mqtt_broker import Broker, Recorder, needs_mosquitto, password_line, wait_until
+
+pytestmark = needs_mosquitto
+
+INTERVAL = 0.2
+
+
+class DaemonProc:
+    """`python -m nvmon daemon` in a subprocess, stderr captured to a file."""
+
+    def __init__(self, tmp: Path, *, broker: str, node: str = "n1", sim: str = "hgx-h100", db: Path | None = None,
+                 extra_toml: str = "", interval: float = INTERVAL):
+        self.db = db or tmp / "nvmon.db"
+        self.cfg = tmp / f"{node}.toml"
+        self.cfg.write_text(f'[node]\ncluster = "t"\nrack = "r1"\n[mqtt]\nkeepalive_s = 2\n{extra_toml}\n')
+        self.log = tmp / f"{node}.log"
+        self.args = [sys.executable, "-m", "nvmon", "daemon", "--config", str(self.cfg), "--broker", broker,
+                     "--db", str(self.db), "--node", node, "--sim", sim, "--interval", str(interval),
+                     "--log-level", "info"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> DaemonProc:
+        self._log = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=self._log)
+        return self
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 10) -> int:
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        self._log.close()
+        return rc
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def tick_times(db: Path) -> list[float]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [r[0] / 1000 for r in con.execute("SELECT ts_ms FROM ticks ORDER BY ts_ms")]
+    finally:
+        con.close()
+
+
+def integrity(db: Path) -> str:
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        con.close()
+
+
+async def wait_ticks(db: Path, n: int, timeout: float = 15.0) -> list[float]:
+    def enough():
+        try:
+            t = tick_times(db)
+        except sqlite3.Error:
+            return None
+        return t if len(t) >= n else None
+
+    return await wait_until(enough, timeout, f"{n} stored ticks")
+
+
+def status_of(msg) -> str:
+    return json.loads(msg.payload)["state"]
+
+
+async def test_publishes_stores_and_stops_cleanly(tmp_path):
+    with Broker(tmp_path) as broker:
+        async with Recorder(broker.url, "nvmon/v1/t/n1/#") as rec:
+            d = DaemonProc(tmp_path, broker=broker.url).start()
+            try:
+                await rec.wait_for("status", lambda m: status_of(m) == "online", timeout=20)
+                await rec.wait_for("inventory", timeout=10)
+                async with Recorder(broker.url, "nvmon/v1/t/n1/#") as late:  # a late subscriber
+                    inv = await late.wait_for("inventory", lambda m: m.retain, timeout=5)
+                    assert len(json.loads(inv.payload)["gpus"]) == 8
+                    st = await late.wait_for("status", lambda m: m.retain, timeout=5)
+                    assert status_of(st) == "online"
+                await wait_until(lambda: len(rec.on("sample")) >= 5, 10, "5 samples")
+                assert all(len(m.payload) < 4096 for m in rec.on("sample"))
+                await wait_ticks(d.db, 5)
+            finally:
+                t0 = time.monotonic()
+                rc = d.stop(signal.SIGTERM)
+                took = time.monotonic() - t0
+            assert rc == 0 and took < 2.5, d.log_text()
+            await rec.wait_for("status", lambda m: status_of(m) == "offline", timeout=5)
+    assert integrity(d.db) == "ok"
+    assert "Traceback" not in d.log_text()
+
+
+async def test_broker_outage_leaves_no_gap_and_publishing_resumes(tmp_path):
+    outage = 30.0
+    with Broker(tmp_path) as broker:
+        d = DaemonProc(tmp_path, broker=broker.url, interval=0.5).start()
+        try:
+            async with Recorder(broker.url, "nvmon/v1/t/n1/#") as rec:
+                await rec.wait_for("status", lambda m: status_of(m) == "online", timeout=20)
+                await rec.wait_for("sample", timeout=10)
+            broker.stop()
+            down_at = time.time()
+            await asyncio.sleep(outage)
+            broker.start()
+            up_at = time.time()
+            async with Recorder(broker.url, "nvmon/v1/t/n1/#") as rec:
+                await rec.wait_for("status", lambda m: status_of(m) == "online", timeout=8)
+                await rec.wait_for("sample", timeout=8)
+                assert time.time() - up_at < 8  # spec: publishing again within 5 s of the broker's return (+ slack for this subscriber's own connect)
+                await rec.wait_for("inventory", timeout=5)
+            assert d.alive()
+        finally:
+            assert d.stop() == 0
+    ts = tick_times(d.db)
+    during = [t for t in ts if down_at <= t <= down_at + outage]
+    assert len(during) >= outage / 0.5 * 0.9, "local history kept recording during the outage"
+    gaps = [b - a for a, b in zip(ts, ts[1:])]
+    assert max(gaps) < 1.6, f"gap of {max(gaps):.1f} s in local history"
+
+
+async def test_kill9_fires_the_will_and_restart_announces_online(tmp_path):
+    with Broker(tmp_path) as broker:
+        async with Recorder(broker.url, "nvmon/v1/t/n1/status") as rec:
+            d = DaemonProc(tmp_path, broker=broker.url).start()
+            await rec.wait_for("status", lambda m: status_of(m) == "online", timeout=20)
+            d.proc.kill()
+            d.proc.wait(5)
+            d._log.close()
+            # Will: the broker publishes `offline` after 1.5 × keepalive (2 s) without traffic.
+            await rec.wait_for("status", lambda m: status_of(m) == "offline", timeout=10)
+            n_online = len([m for m in rec.on("status") if status_of(m) == "online"])
+            d2 = DaemonProc(tmp_path, broker=broker.url).start()
+            try:
+                await wait_until(lambda: len([m for m in rec.on("status") if status_of(m) == "online"]) > n_online,
+                                 20, "online again")
+            finally:
+                assert d2.stop() == 0
+
+
+async def test_repeated_kill9_during_writes_keeps_the_database_intact(tmp_path):
+    db = tmp_path / "nvmon.db"
+    runs = []
+    for i in range(4):
+        d = DaemonProc(tmp_path, broker="", db=db, interval=0.1).start()
+        before = len(tick_times(db)) if db.exists() else 0
+        await wait_ticks(db, before + 5 + i, timeout=20)  # different moments of the write cycle
+        d.proc.kill()
+        d.proc.wait(5)
+        d._log.close()
+        assert integrity(db) == "ok"
+        ts = tick_times(db)
+        runs.append(ts[before:])
+        assert len(ts) > before  # the restart resumed
+    for ts in runs:  # within each run ticks are contiguous: nothing but the last one may be lost
+        gaps = [b - a for a, b in zip(ts, ts[1:])]
+        assert max(gaps) < 0.35, gaps
+
+
+async def test_gpu_lost_and_unsupported_fields_mid_run_keep_others_flowing(tmp_path):
+    with Broker(tmp_path) as broker:
+        async with Recorder(broker.url, "nvmon/v1/t/n1/sample") as rec:
+            d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100,gpu_lost=3@2,notsup=temperature:5@2").start()
+            try:
+                await rec.wait_for("sample", timeout=20)
+                await asyncio.sleep(3.0)
+                n = len(rec.messages)
+                await wait_until(lambda: len(rec.messages) >= n + 5, 10, "samples after the faults")
+                assert d.alive()
+            finally:
+                assert d.stop() == 0
+    last = json.loads(rec.messages[-1].payload)
+    text = json.dumps(last)
+    assert last["schema"] == 1 and "Traceback" not in d.log_text()
+    # the wire format is compact; the details are checked in the wire tests — here: still flowing
+    assert len(rec.messages) >= n + 5 and text
+
+
+async def test_wrong_credentials_log_one_clear_error_and_back_off(tmp_path):
+    with Broker(tmp_path, users={"nvmon": "right"}) as broker:
+        pw = tmp_path / "pw"
+        pw.write_text("wrong\n")
+        d = DaemonProc(tmp_path, broker=broker.url,
+                       extra_toml=f'username = "nvmon"\npassword_file = "{pw}"\n').start()
+        try:
+            await wait_ticks(d.db, 10, timeout=20)  # storing locally regardless
+            await asyncio.sleep(3)
+            assert d.alive()
+        finally:
+            assert d.stop() == 0
+    log = d.log_text()
+    errors = [ln for ln in log.splitlines() if "nvmon.wire" in ln and ("ERROR" in ln or "WARNING" in ln)]
+    assert errors, log
+    assert any("not authori" in ln.lower() or "bad user name or password" in ln.lower() for ln in errors), errors
+    assert "Traceback" not in log
+    assert len(errors) < 20  # backoff, not a tight loop
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return r.returncode == 0
+
+
+needs_mount = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+
+
+@needs_mount
+async def test_readonly_then_full_filesystem_errors_and_recovers(tmp_path):
+    """The database on a read-only file system (Linux refuses to remount read-only under an open
+    writer, so the daemon starts on it), then writable, then full, then with space again."""
+    mnt = tmp_path / "small"
+    if not _mount_tmpfs(mnt, "4m"):
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        with Broker(tmp_path) as broker:
+            async with Recorder(broker.url, "nvmon/v1/t/n1/sample") as rec:
+                d = DaemonProc(tmp_path, broker=broker.url, db=mnt / "nvmon.db").start()
+                try:
+                    await wait_until(lambda: "read-only" in d.log_text(), 20, "a read-only error in the log")
+                    await wait_until(lambda: len(rec.messages) > 5, 10, "publishing while read-only")
+                    subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+                    await wait_ticks(d.db, 10, timeout=60)
+                    assert "writable again" in d.log_text()
+                    filler = mnt / "filler"
+                    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
+                    await wait_until(lambda: "disk full" in d.log_text() or "SQLITE_FULL" in d.log_text(), 15,
+                                     "a disk-full error in the log")
+                    n = len(rec.messages)
+                    await wait_until(lambda: len(rec.messages) > n + 5, 10, "publishing while the disk is full")
+                    stored = len(tick_times(d.db))
+                    filler.unlink()
+                    await wait_until(lambda: len(tick_times(d.db)) > stored + 5, 60, "storing again")
+                    assert d.log_text().count("writable again") == 2
+                    assert d.alive()
+                finally:
+                    subprocess.run(["mount", "-o", "remount,rw", str(mnt)], capture_output=True)
+                    assert d.stop() == 0
+        assert integrity(d.db) == "ok" and "Traceback" not in d.log_text()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_bad_config_is_one_line(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[mqtt]\nbroker = "http://x"\n')
+    r = subprocess.run([sys.executable, "-m", "nvmon", "daemon", "--config", str(cfg)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "mqtt.broker" in r.stderr and str(cfg) in r.stderr
+    r = subprocess.run([sys.executable, "-m", "nvmon", "daemon", "--sim", "hgx-h9"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "unknown board profile" in r.stderr

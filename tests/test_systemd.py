@@ -1,0 +1,231 @@
+"""The shipped systemd unit and example config, checked by systemd's own tools.
+
+`systemd-analyze verify` checks a unit offline, without a running systemd; the one thing it insists on
+is that ExecStart='s binary exists (on this machine /usr/local/bin/nvmon usually doesn't), so the tests
+verify a copy whose ExecStart points at the venv's `nvmon` console script, arguments unchanged.
+Nothing else is relaxed: User=nvmon need not exist for `verify`, and every warning it prints (an
+unknown or misspelt directive only warns, with exit status 0) fails the test.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+UNIT = REPO / "systemd" / "nvmon-daemon.service"
+EXAMPLE_CONFIG = REPO / "systemd" / "nvmon.toml"
+SHIPPED_EXEC = "/usr/local/bin/nvmon"
+MAX_EXPOSURE = 4.0
+
+ANALYZE = shutil.which("systemd-analyze")
+needs_analyze = pytest.mark.skipif(ANALYZE is None,
+                                   reason="systemd-analyze not installed (apt install systemd)")
+# No colours, no pager, no hyperlinks: plain text to parse.
+ENV = {**os.environ, "SYSTEMD_COLORS": "0", "SYSTEMD_PAGER": "", "SYSTEMD_URLIFY": "0", "LC_ALL": "C.UTF-8"}
+
+
+def nvmon_executable() -> str:
+    """An existing executable for ExecStart: the console script next to this interpreter if there."""
+    beside = Path(sys.executable).parent / "nvmon"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("nvmon") or "/bin/true"
+
+
+def unit_directives(text: str) -> list[tuple[str, str, str]]:
+    """(section, key, value) for every assignment, in order (systemd allows repeated keys)."""
+    out, section = [], ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, _, value = line.partition("=")
+        out.append((section, key.strip(), value.strip()))
+    return out
+
+
+def values(key: str) -> list[str]:
+    return [v for _, k, v in unit_directives(UNIT.read_text()) if k == key]
+
+
+@pytest.fixture
+def unit_copy(tmp_path) -> Path:
+    """The shipped unit, same file name (systemd derives the unit name from it), runnable ExecStart."""
+    text = UNIT.read_text()
+    assert f"ExecStart={SHIPPED_EXEC} " in text
+    copy = tmp_path / UNIT.name
+    copy.write_text(text.replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={nvmon_executable()} ", 1))
+    return copy
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ANALYZE, "--no-pager", *args], capture_output=True, text=True, env=ENV, timeout=60)
+
+
+@needs_analyze
+def test_unit_verifies_without_any_warning(unit_copy):
+    r = analyze("verify", "--man=no", str(unit_copy))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (r.stdout + r.stderr).strip() == ""
+
+
+@needs_analyze
+def test_verify_catches_a_misspelt_directive(unit_copy):
+    """Proves the test above can fail: a typo only warns (exit 0), and we see the warning."""
+    unit_copy.write_text(unit_copy.read_text().replace("ProtectHome=yes", "ProtectHomes=yes"))
+    r = analyze("verify", "--man=no", str(unit_copy))
+    assert "ProtectHomes" in r.stdout + r.stderr
+
+
+@needs_analyze
+def test_verify_needs_the_binary_so_we_substitute_it(tmp_path):
+    """Documents the one substitution: the shipped path only fails because it isn't installed here."""
+    if Path(SHIPPED_EXEC).exists():
+        pytest.skip(f"{SHIPPED_EXEC} is installed on this machine")
+    copy = tmp_path / UNIT.name
+    shutil.copy(UNIT, copy)
+    r = analyze("verify", "--man=no", str(copy))
+    assert r.returncode != 0
+    assert f"Command {SHIPPED_EXEC} is not executable" in r.stdout + r.stderr
+
+
+def exposure(unit: Path) -> tuple[float, str]:
+    r = analyze("security", "--offline=yes", str(unit))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    m = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", out)
+    assert m, out
+    return float(m.group(1)), out
+
+
+@needs_analyze
+def test_security_exposure_at_most_4(unit_copy):
+    level, report = exposure(unit_copy)
+    assert level <= MAX_EXPOSURE, report
+    # The same bound through systemd's own gate (tenths), as docs/install.md tells admins to run it.
+    r = analyze("security", "--offline=yes", f"--threshold={int(MAX_EXPOSURE * 10)}", str(unit_copy))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_analyze
+def test_security_sees_the_gpu_device_allow_list(unit_copy):
+    """The score is computed on our DeviceAllow= list, not on a PrivateDevices= that would hide GPUs."""
+    _, report = exposure(unit_copy)
+    line = next(ln for ln in report.splitlines() if "DeviceAllow=" in ln)
+    assert "char-nvidiactl:rw" in line and "char-nvidia-uvm:rw" in line
+
+
+def test_gpu_devices_stay_reachable():
+    """Hardening must not cost the daemon its GPUs: NVML needs /dev/nvidiactl and /dev/nvidiaN."""
+    assert values("PrivateDevices") in ([], ["no"]), "PrivateDevices=yes hides /dev/nvidia*"
+    assert values("DevicePolicy") == ["closed"]
+    allowed = {v.split()[0]: v.split()[1] if len(v.split()) > 1 else "rwm" for v in values("DeviceAllow")}
+    for group in ("char-nvidia", "char-nvidiactl", "char-nvidia-frontend", "char-nvidia-uvm",
+                  "char-nvidia-nvswitch", "char-nvidia-nvlink"):
+        assert "r" in allowed.get(group, ""), group
+    assert allowed.get("char-nvidia-caps") == "r"
+    # The device cgroup only knows majors that exist at start; "char-<name>" entries look them up in
+    # /proc/devices, which the driver fills with exactly these names.
+    assert not [v for v in values("DeviceAllow") if v.startswith("/dev/nvidia")]
+
+
+def test_service_contract():
+    """What the daemon's code relies on (sd_notify, watchdog, state directory) and the install doc."""
+    assert values("Type") == ["notify"]
+    assert values("NotifyAccess") == ["main"]
+    assert values("ExecStart") == [f"{SHIPPED_EXEC} daemon --config /etc/nvmon/nvmon.toml"]
+    assert values("WatchdogSec") == ["30"]
+    assert values("Restart") == ["on-failure"] and values("RestartSec") == ["5"]
+    assert values("TimeoutStopSec") == ["5"]
+    assert values("User") == ["nvmon"] and values("Group") == ["nvmon"]
+    assert values("StateDirectory") == ["nvmon"] and values("ConfigurationDirectory") == ["nvmon"]
+    assert values("CapabilityBoundingSet") == [""] and values("AmbientCapabilities") == [""]
+    assert values("WantedBy") == ["multi-user.target"]
+
+
+# --- MemoryDenyWriteExecute= ----------------------------------------------------------------------
+# systemd enforces it with seccomp or, on newer kernels, prctl(PR_SET_MDWE). We can apply the same
+# prctl without systemd and run the real CLI under it: CPython and nvmon's ctypes use must not need
+# writable+executable memory.
+PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
+MDWE_EXEC = f"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl({PR_SET_MDWE}, {PR_MDWE_REFUSE_EXEC_GAIN}, 0, 0, 0) != 0:
+    sys.exit(100 + ctypes.get_errno())
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def test_nvmon_runs_under_memory_deny_write_execute():
+    probe = subprocess.run([sys.executable, "-c", MDWE_EXEC, sys.executable, "-c", "pass"], timeout=60)
+    if probe.returncode == 100 + errno.EINVAL:
+        pytest.skip("kernel without PR_SET_MDWE (Linux < 6.3)")
+    assert probe.returncode == 0
+    check_wx = ("import mmap\ntry:\n    mmap.mmap(-1, 4096, prot=7)\nexcept OSError:\n    pass\n"
+                "else:\n    raise SystemExit('W+X mapping allowed: MDWE not in force')")
+    r = subprocess.run([sys.executable, "-c", MDWE_EXEC, sys.executable, "-c", check_wx],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", MDWE_EXEC, sys.executable, "-m", "nvmon", "sample", "--json",
+                        "--interval", "0.2", "--sim", "hgx-h100"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["gpus"]) == 8
+
+
+# --- The example configuration --------------------------------------------------------------------
+SECTIONS = {
+    "node": {"name", "cluster", "rack", "labels"},
+    "sampling": {"interval_s", "sysfs_root", "sim"},
+    "store": {"path", "raw_retention_h", "rollup_retention_d"},
+    "mqtt": {"broker", "username", "password_file", "ca_file", "cert_file", "key_file", "keepalive_s"},
+    "expect": {"gpus", "ib", "topology"},
+}
+
+
+def uncommented(text: str) -> str:
+    """The example with every commented-out `# key = value` line switched on."""
+    return re.sub(r"^# (\w+ = )", r"\1", text, flags=re.MULTILINE)
+
+
+def test_example_config_parses_with_the_documented_sections():
+    data = tomllib.loads(EXAMPLE_CONFIG.read_text())
+    assert set(data) == set(SECTIONS)
+    # Inside StateDirectory=, the only place ProtectSystem=strict leaves writable.
+    assert data["store"]["path"].startswith("/var/lib/nvmon/")
+    assert data["node"]["labels"] == {"role": "train", "pool": "a"}
+
+
+def test_example_config_documents_every_key():
+    data = tomllib.loads(uncommented(EXAMPLE_CONFIG.read_text()))
+    assert {s: set(keys) for s, keys in data.items()} == SECTIONS
+
+
+def test_example_config_loads_with_the_daemons_loader(tmp_path):
+    from nvmon.daemon.config import load_config
+
+    plain = load_config(EXAMPLE_CONFIG)
+    assert plain.node.name == "gpu-001" and plain.mqtt.broker == "mqtt://localhost:1883"
+    everything = tmp_path / "nvmon.toml"
+    everything.write_text(uncommented(EXAMPLE_CONFIG.read_text()))
+    full = load_config(everything)
+    assert full.expect.gpus == 8 and full.sampling.sim == "hgx-h100"
+    assert str(full.mqtt.password_file) == "/etc/nvmon/mqtt.password"
+
+
+def test_unit_points_at_the_example_config_location():
+    assert "--config /etc/nvmon/nvmon.toml" in values("ExecStart")[0]
+    assert tomllib.loads(EXAMPLE_CONFIG.read_text())["store"]["path"] == "/var/lib/nvmon/nvmon.db"
