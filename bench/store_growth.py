@@ -114,7 +114,8 @@ def steady_state(src: Path, dst: Path, seconds: int, start_s: float, end_s: floa
             conn.execute("COMMIT")
     # Step the rollup point back one minute, so that the timed maintain() does a steady-state
     # call's work: roll up one minute, prune one minute of raw ticks and of rollups.
-    conn.execute("UPDATE main.state SET value = value - 60000 WHERE key = 'rollup_done_ms'")
+    conn.execute("UPDATE main.state SET value = (SELECT max(ts_ms) / 60000 * 60000 FROM main.ticks) "
+                 "WHERE key = 'rollup_done_ms'")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     store = Store(dst)

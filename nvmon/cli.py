@@ -225,6 +225,15 @@ def profiles() -> None:
     click.echo("\n--sim syntax:\n" + scenario.__doc__.split("Syntax:", 1)[1])
 
 
+def _register_history() -> None:
+    from nvmon.store.cli import history_command
+
+    cli.add_command(history_command)
+
+
+_register_history()
+
+
 def main() -> None:
     """Console entry point: one-line errors for everything, tracebacks only with NVMON_DEBUG=1."""
     try:

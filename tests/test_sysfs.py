@@ -361,6 +361,12 @@ def test_state_changes_are_reread_each_tick(tmp_path):
     p = _one(c, 2.0)
     assert (p.state, p.phys_state, p.rate_gbps, p.rate_name) == (
         "INIT", "LinkErrorRecovery", 100.0, "HDR")
+    # The HCA's PCIe link only changes when it retrains: it is re-read every LINK_REFRESH_TICKS.
+    from nvmon.collect.sysfs import LINK_REFRESH_TICKS
+
+    assert p.pcie.width == 16
+    for i in range(LINK_REFRESH_TICKS - 1):
+        p = _one(c, 3.0 + i)
     assert p.pcie.width == 8 and p.pcie.max_width == 16
 
 

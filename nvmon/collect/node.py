@@ -21,6 +21,9 @@ from nvmon.collect.topology import build_topology
 from nvmon.model import NvmlStatus, Sample
 
 
+SLOW_EVERY = 30  # ticks between reads of slow-changing sysfs facts
+
+
 def load_real_pynvml() -> types.ModuleType | None:
     """The official bindings, or None if `nvidia-ml-py` is not installed at all."""
     try:
@@ -57,6 +60,8 @@ class NodeSampler:
         self._last_ts: float | None = None
         self._numa: list[int | None] | None = None
         self._switches: list[str] = []
+        self._switch_links: tuple = ()
+        self._ticks = 0
         self.status = NvmlStatus(available=False, error="nvidia-ml-py (pynvml) is not installed")
 
     def open(self) -> NvmlStatus:
@@ -87,10 +92,13 @@ class NodeSampler:
             notes.append(f"NVML unavailable: {status.error}; GPU data missing, InfiniBand/PCIe/host still sampled")
         if not ib:
             notes.append(f"no InfiniBand devices under {self.sysfs_root}/class/infiniband")
+        if self._ticks % SLOW_EVERY == 0:  # NVSwitch PCIe links only change when they retrain
+            self._switch_links = collect_nvswitch_links(self.sysfs_root, self._switches)
+        self._ticks += 1
         interval = 0.0 if self._last_ts is None else ts - self._last_ts
         self._last_ts = ts
         return Sample(
             node=self.node, ts=ts, interval_s=interval, gpus=gpus, topology=build_topology(gpus, self._numa),
             ib=ib, host=self.host.collect(), nvml=status,
-            nvswitches=collect_nvswitch_links(self.sysfs_root, self._switches), notes=tuple(notes),
+            nvswitches=self._switch_links, notes=tuple(notes),
         )

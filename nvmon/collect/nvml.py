@@ -243,7 +243,10 @@ class NvmlCollector:
         g.layout = layout
         g.slot = {k: i for i, k in enumerate(layout)}
         g.prev = [None] * len(layout)
-        g.link_slots = [tuple(g.slot.get((k, lk)) for k in LINK_KEYS) for lk in range(g.link_count)]
+        g.link_slots = []
+        for lk in range(g.link_count):
+            i_state, i_speed, i_tx, i_rx, *errs = (g.slot.get((k, lk)) for k in LINK_KEYS)
+            g.link_slots.append((i_state, i_speed, i_tx, i_rx, None if errs == [None] * 4 else tuple(errs)))
 
     # -- hot path ----------------------------------------------------------------------------
 
@@ -331,17 +334,11 @@ class NvmlCollector:
     def _deltas(g: _Gpu, results: list) -> tuple[list, list]:
         """Per entry: value, and (delta, dt) since the last tick — None when the counter was not read
         then or now, or went backwards (a reset: driver reload, GPU reset), never a negative rate."""
-        values, deltas, prev = [], [], []
-        for (ret, ts, value), p in zip(results, g.prev):
-            if ret or value is None:
-                prev.append(None)
-                values.append(None)
-                deltas.append(None)
-                continue
-            prev.append((value, ts))
-            values.append(value)
-            deltas.append(None if p is None or ts <= p[1] or value < p[0] else (value - p[0], ts - p[1]))
-        g.prev = prev
+        cur = [None if ret or v is None else (v, ts) for ret, ts, v in results]
+        values = [None if c is None else c[0] for c in cur]
+        deltas = [None if c is None or p is None or c[1] <= p[1] or c[0] < p[0] else (c[0] - p[0], c[1] - p[1])
+                  for c, p in zip(cur, g.prev)]
+        g.prev = cur
         return values, deltas
 
     def _assemble(self, g: _Gpu, results: list) -> GpuSample:
@@ -371,22 +368,30 @@ class NvmlCollector:
         getter_states = g.last.get("nvlink_state_getter")
         links = []
         kinds = NVLINK_ERROR_KINDS
-        for link, slots in zip(g.links, g.link_slots):
-            i_state, i_speed, i_tx, i_rx = slots[:4]
+        for link, (i_state, i_speed, i_tx, i_rx, err_slots) in zip(g.links, g.link_slots):
             state = None if i_state is None else values[i_state]
             if state is None and getter_states is not None and isinstance(getter_states[link.link], int):
                 state = getter_states[link.link]
             tx = None if i_tx is None else deltas[i_tx]
             rx = None if i_rx is None else deltas[i_rx]
-            errs = [None if i is None else values[i] for i in slots[4:]]
-            errd = [None if i is None or deltas[i] is None else deltas[i][0] for i in slots[4:]]
+            if err_slots is None:
+                errors, errors_delta = dict.fromkeys(kinds), dict.fromkeys(kinds)
+            else:
+                errors, errors_delta = {}, {}
+                for kind, i in zip(kinds, err_slots):
+                    if i is None:
+                        errors[kind] = errors_delta[kind] = None
+                    else:
+                        d = deltas[i]
+                        errors[kind] = values[i]
+                        errors_delta[kind] = None if d is None else d[0]
             links.append(NvLinkSample(
                 link=link.link, active=None if state is None else state in (1, 3), version=link.version,
                 speed_mbps=(None if i_speed is None else values[i_speed]) or None,
                 remote_type=link.remote_type, remote_pci_bus_id=link.remote_bus_id,
                 tx_bytes_per_s=None if tx is None else tx[0] * 1024.0 / tx[1],
                 rx_bytes_per_s=None if rx is None else rx[0] * 1024.0 / rx[1],
-                errors=dict(zip(kinds, errs)), errors_delta=dict(zip(kinds, errd)),
+                errors=errors, errors_delta=errors_delta,
             ))
         energy = value("energy")
         return GpuSample(

@@ -296,6 +296,9 @@ def _read_port_static(dev_dir: str, port_dir: str) -> _PortStatic:
     )
 
 
+LINK_REFRESH_TICKS = 30
+
+
 class IbCollector:
     """Samples every port under `<root>/class/infiniband/<dev>/ports/<n>/` once per `collect`.
 
@@ -307,12 +310,19 @@ class IbCollector:
         self._ib = os.path.join(root, "class", "infiniband")
         self._tracker = CounterTracker()
         self._static: dict[tuple[str, int], _PortStatic] = {}
+        self._links: dict[str, tuple[int | None, int | None]] = {}
+        self._ticks = 0
 
     def collect(self, ts: float) -> tuple[IbPortSample, ...]:
         """One sample per port, sorted by (device, port). `ts`: unix seconds of this reading."""
         out: list[IbPortSample] = []
         seen: set[tuple[str, int]] = set()
-        links: dict[str, tuple[int | None, int | None]] = {}  # per tick: ports share an HCA link
+        # The HCAs' current PCIe links change only when a link retrains: re-read every
+        # LINK_REFRESH_TICKS ticks (and on the first), shared by the ports of one HCA.
+        if self._ticks % LINK_REFRESH_TICKS == 0:
+            self._links = {}
+        self._ticks += 1
+        links = self._links
         for dev in sorted(_listdir(self._ib)):
             dev_dir = f"{self._ib}/{dev}"
             ports = []
