@@ -24,6 +24,7 @@ from pathlib import Path
 
 from nvmon.collect.node import NodeSampler
 from nvmon.sim.node import SimNode
+from nvmon.wire.payloads import sample_payload
 from nvmon.store import Store
 
 DAY = 86_400
@@ -173,6 +174,9 @@ def run(work: Path, sim: str, seconds: int) -> None:
     sizes = table_bytes(work / "steady.db")
     raw48 = sum(sizes.get(k, 0) for k in RAW_TABLES)
     roll90 = sum(sizes.get(k, 0) for k in ROLLUP_TABLES)
+    wire = [len(sample_payload(k)) for k in kept]
+    print(f"wire payload     `sample` avg {sum(wire) / len(wire):.0f} B per node-tick (target <= 2048 B), "
+          f"min {min(wire)}, max {max(wire)} over {len(wire)} ticks")
     print(f"steady state     {size / MB:.0f} MB file at default retention (target <= 1000 MB): "
           f"48 h raw {raw48 / MB:.0f} MB + 90 days of rollups {roll90 / MB:.0f} MB "
           f"({roll90 / 90 / MB:.2f} MB/day) + other {(size - raw48 - roll90) / MB:.0f} MB;")

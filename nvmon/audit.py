@@ -131,7 +131,9 @@ def _check_nvlink(gpu: GpuSample, spec: GpuSpec, t: Thresholds) -> list[Finding]
                 if link.active is False:
                     out.append(_finding(
                         "nvlink.link_down",
-                        f"GPU {i} NVLink {link.link} down: reseat the GPU/baseboard, check NVSwitch and fabric manager",
+                        f"GPU {i} NVLink {link.link} down: " + (
+                            "reseat the NVLink bridge and both cards" if link.remote_type == "gpu" or spec.board == "pairs"
+                            else "reseat the GPU/baseboard, check NVSwitch and fabric manager"),
                         gpu=i, link=link.link, observed="down", expected="active"))
         else:
             # More slots than the SKU uses (bridged PCIe cards: 12 of 18) or fewer than expected:
