@@ -8,9 +8,12 @@ carries good ones. Static facts (names, UUIDs, link map) are not repeated per ti
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Iterable, Sequence
+from itertools import chain
+from math import trunc
 from typing import Any
 
 from nvmon.collect.nvml_fields import THROTTLE_BITS
@@ -23,6 +26,10 @@ U16_MAX = 0xFFFE  # faster links saturate here (65.5 GB/s per direction: above N
 MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS: masks fit in a 64-bit integer
 _I64 = 2**63 - 1
 THROTTLE_BIT = {name: bit for bit, name in THROTTLE_BITS}
+_RANGES = [list(range(n)) for n in range(MAX_LINKS + 1)]
+# Exact type sets for the fast paths' checks: a bool is an int to isinstance, not here.
+_INT, _BOOL, _DICT, _FLOAT = {int}, {bool}, {dict}, {float}
+_INT_OR_NONE = {int, type(None)}
 # IB port states are stored as the kernel's own numbers (sysfs "4: ACTIVE"): 1 byte, not 6.
 IB_STATE_CODES = {name: code for code, name in IB_STATES.items()}
 IB_PHYS_CODES = {name: code for code, name in IB_PHYS_STATES.items()}
@@ -83,13 +90,19 @@ def json_or_null(v: Any) -> str | None:
     return json.dumps(v, separators=(",", ":"), sort_keys=True) if v else None
 
 
+@functools.lru_cache(maxsize=None)
+def _u16_struct(n: int) -> struct.Struct:
+    """Compiled little-endian uint16 × n format (one per link count, not parsed every tick)."""
+    return struct.Struct(f"<{n}H")
+
+
 def pack_mb(values: Iterable[Any]) -> bytes:
     """Rates in bytes/s → little-endian uint16 MB/s (rounded, saturating; unknown → 65535)."""
     out = []
     for v in values:
         f = real(v)
         out.append(U16_UNKNOWN if f is None or f < 0 else min(U16_MAX, int(f / MB + 0.5)))
-    return struct.pack(f"<{len(out)}H", *out)
+    return _u16_struct(len(out)).pack(*out)
 
 
 def unpack_mb(blob: bytes | None) -> list[float | None]:
@@ -159,7 +172,92 @@ def ib_code(name: Any, table: dict[str, int]) -> int | None:
 
 def gpu_row(t: int, g: GpuSample) -> tuple:
     """One `gpu_ticks` row (column order of the table). Blobs and masks are indexed by link
-    number, not position, so a link missing from the sample stays a gap (unknown)."""
+    number, not position, so a link missing from the sample stays a gap (unknown).
+
+    This runs for every GPU every tick, so the usual GPU (links numbered 0..n-1, rates finite
+    floats, every link's error deltas ints or None) takes a path that handles each per-link column
+    as a whole; anything else goes to `_gpu_row_any`. Both give the same row.
+    """
+    nv = g.nvlink
+    nums = [lk.link for lk in nv]
+    n = len(nums)
+    if not (0 < n <= MAX_LINKS and nums == _RANGES[n] and set(map(type, nums)) == _INT):
+        return _gpu_row_any(t, g)
+    tx = [lk.tx_bytes_per_s for lk in nv]
+    rx = [lk.rx_bytes_per_s for lk in nv]
+    if (packed := _pack_rates(tx, rx)) is None:
+        return _gpu_row_any(t, g)
+    tx_mb, rx_mb, tx_sum, rx_sum = packed
+    acts = [lk.active for lk in nv]
+    # Bools compare equal only to themselves, so count(True) is the `is True` test here.
+    if acts.count(True) == n and set(map(type, acts)) == _BOOL:
+        up, down = (1 << n) - 1, 0
+    else:
+        up, down = masks(acts)
+    deltas = [lk.errors_delta for lk in nv]
+    if set(map(type, deltas)) != _DICT:
+        return _gpu_row_any(t, g)
+    values = list(chain.from_iterable(map(dict.values, deltas)))
+    kinds = set(map(type, values))
+    errors: dict[str, dict[str, int]] = {}
+    if not any(values) and kinds <= _INT_OR_NONE:
+        # Nothing rose (the usual tick): the sum is 0, or None when no link read a counter.
+        errors_delta = 0 if int in kinds else None
+    else:
+        if kinds <= _INT:
+            errors_delta = _sum_ints(values) if values else None
+        elif kinds <= _INT_OR_NONE:
+            known = [v for v in values if v is not None]
+            errors_delta = _sum_ints(known) if known else None
+        else:
+            errors_delta = _sum_known(values)
+        for i, d in enumerate(deltas):
+            if e := _nonzero_errors(d):
+                errors[str(i)] = e
+    pcie = g.pcie
+    return (
+        t, integer(g.index), 1 if g.lost else 0,
+        watts(g.power_w), real(g.power_limit_w), rate(g.energy_j), real(g.temperature_c),
+        real(g.utilization_pct), throttle_mask(g.throttle_reasons),
+        integer(pcie.gen), integer(pcie.width), rate(pcie.tx_bytes_per_s), rate(pcie.rx_bytes_per_s),
+        integer(pcie.replay_errors_delta),
+        up.bit_count(), up, down, tx_sum, rx_sum, errors_delta, tx_mb, rx_mb,
+        json_or_null(errors), json_or_null([text(n) for n in g.notes]) if g.notes else None,
+    )
+
+
+def _pack_rates(tx: list[Any], rx: list[Any]) -> tuple[bytes, bytes, float | None, float | None] | None:
+    """(`pack_mb(tx)`, `pack_mb(rx)`, `_sum_rates(tx)`, `_sum_rates(rx)`) when every rate is a
+    finite float from 0 up to what a uint16 holds, else None: then the caller takes the general path.
+
+    Dividing by MB, adding 0.5 and truncating never turn a larger rate into a smaller number, so
+    when the largest rate fits, all do, and the per-value checks of `pack_mb` can be skipped.
+    Both directions are checked and packed as one list: fewer calls per GPU.
+    """
+    both = tx + rx
+    if set(map(type, both)) != _FLOAT:
+        return None
+    tx_total, rx_total = sum(tx), sum(rx)
+    if not (-1e300 < tx_total < 1e300 and -1e300 < rx_total < 1e300):  # NaN or inf: so is the sum
+        return None
+    lo, hi = min(both), max(both)  # no NaN here: min and max are exact
+    if lo < 0 or hi >= 1e300 or int(hi / MB + 0.5) > U16_MAX:
+        return None
+    # trunc() is int() for a float, called without int()'s type-call overhead; 1e6 is MB exactly.
+    blob = _u16_struct(len(both)).pack(*[trunc(v / 1e6 + 0.5) for v in both])
+    half = 2 * len(tx)
+    return blob[:half], blob[half:], rate(tx_total), rate(rx_total)
+
+
+def _sum_ints(values: list[int]) -> int | None:
+    """`_sum_known` of plain ints (no None, no bools)."""
+    if -_I64 <= min(values) and max(values) <= _I64:
+        return sum(values)
+    return _sum_known(values)
+
+
+def _gpu_row_any(t: int, g: GpuSample) -> tuple:
+    """`gpu_row` for any sample, however odd its links."""
     by_link = {}
     for lk in g.nvlink:
         n = integer(lk.link)
@@ -205,12 +303,18 @@ def _sum_rates(values: list[Any]) -> float | None:
 
 def ib_row(t: int, port_id: int, p: IbPortSample) -> tuple:
     """One `ib_ticks` row."""
-    errors = _nonzero_errors(p.errors_delta)
+    d = p.errors_delta
+    values = list(d.values()) if type(d) is dict else None
+    kinds = set(map(type, values)) if values is not None else None
+    if values is not None and kinds <= _INT_OR_NONE and not any(values):
+        # Nothing rose (the usual tick): as below, without converting each value.
+        delta, errors = 0 if int in kinds else None, None
+    else:
+        delta = _sum_known((p.errors_delta or {}).values()) if isinstance(p.errors_delta, dict) else None
+        errors = json_or_null(_nonzero_errors(p.errors_delta))
     return (
         t, port_id, ib_code(p.state, IB_STATE_CODES), ib_code(p.phys_state, IB_PHYS_CODES), real(p.rate_gbps),
-        rate(p.tx_bytes_per_s), rate(p.rx_bytes_per_s),
-        _sum_known((p.errors_delta or {}).values()) if isinstance(p.errors_delta, dict) else None,
-        json_or_null(errors),
+        rate(p.tx_bytes_per_s), rate(p.rx_bytes_per_s), delta, errors,
     )
 
 
@@ -231,9 +335,11 @@ def node_signature(s: Sample) -> tuple:
 
 
 def gpu_signature(g: GpuSample) -> tuple:
+    # Signatures are only compared (==), never hashed or stored: a list comprehension is quicker
+    # than tuple() of a generator, and compares the same.
     return (g.name, g.uuid, g.serial, g.pci_bus_id, g.power_default_limit_w, g.power_max_limit_w,
             g.pcie.max_gen, g.pcie.max_width, g.pcie.device_max_gen, g.nvlink_count, g.lost,
-            tuple((lk.link, lk.version, lk.speed_mbps, lk.remote_type, lk.remote_pci_bus_id) for lk in g.nvlink))
+            [(lk.link, lk.version, lk.speed_mbps, lk.remote_type, lk.remote_pci_bus_id) for lk in g.nvlink])
 
 
 def ib_signature(p: IbPortSample) -> tuple:

@@ -37,6 +37,7 @@ WAL_LIMIT_BYTES = 64 * 2**20  # the WAL is truncated back to this after a checkp
 _INSERT_TICK = "INSERT OR IGNORE INTO ticks VALUES (" + ",".join("?" * 11) + ")"
 _INSERT_GPU = "INSERT OR IGNORE INTO gpu_ticks VALUES (" + ",".join("?" * 24) + ")"
 _INSERT_IB = "INSERT OR IGNORE INTO ib_ticks VALUES (" + ",".join("?" * 9) + ")"
+_NONE_CHECKED = object()  # _write_samples: no tick of the batch had its facts checked
 
 
 class Store:
@@ -59,6 +60,7 @@ class Store:
         self._lock = threading.Lock()
         self._facts: dict[tuple[str, str], str] = {}  # latest inventory facts (JSON) per (kind, key)
         self._sigs: dict[tuple[str, str], tuple] = {}  # the raw values those facts were built from
+        self._seen: list | None = None  # every signature of the last committed tick (see _note_facts)
         self._ports: dict[tuple[str, int], int] = {}  # (device, port) → ib_ports.id
         self._state: dict[str, Any] = {}
 
@@ -133,6 +135,7 @@ class Store:
                 "(SELECT max(since_ms) FROM inventory j WHERE j.kind = i.kind AND j.key = i.key)")
         }
         self._sigs = {}
+        self._seen = None
         self._ports = {(dev, port): pid for pid, dev, port in conn.execute("SELECT id, device, port FROM ib_ports")}
         self._state = dict(conn.execute("SELECT key, value FROM state"))
 
@@ -176,7 +179,7 @@ class Store:
             try:
                 conn = self._connect()
                 conn.execute("BEGIN IMMEDIATE")
-                facts, ports = self._write_samples(conn, samples)
+                facts, ports, seen = self._write_samples(conn, samples)
                 conn.execute("COMMIT")
             except BaseException as exc:
                 if err := self._fail(exc):
@@ -186,6 +189,8 @@ class Store:
             for key, (sig, text) in facts.items():
                 self._sigs[key], self._facts[key] = sig, text
             self._ports.update(ports)
+            if seen is not _NONE_CHECKED:
+                self._seen = seen
 
     def _write_samples(self, conn: sqlite3.Connection, samples: Sequence[Sample]):
         pending_facts: dict[tuple[str, str], tuple[tuple, str]] = {}
@@ -193,6 +198,7 @@ class Store:
         horizon = int(self._state.get("raw_pruned_ms") or 0)
         rolled = self._state.get("rollup_done_ms")
         earliest = None
+        seen = _NONE_CHECKED
         for sample in samples:
             t = codec.ts_ms(getattr(sample, "ts", None))
             if t is None or t < horizon:
@@ -217,26 +223,38 @@ class Store:
                 continue  # this tick is stored already: keep what is there
             conn.executemany(_INSERT_GPU, gpus)
             conn.executemany(_INSERT_IB, [row for _, _, row in ib])
-            self._note_facts(conn, t, sample, ib, pending_facts)
+            seen = self._note_facts(conn, t, sample, ib, pending_facts)
             earliest = t if earliest is None else min(earliest, t)
         if earliest is not None and rolled is not None and earliest < rolled:
             # A late tick (a backlog written after an outage) lands in a minute already rolled up:
             # roll that minute up again at the next maintain().
             self._set_state(conn, "rollup_done_ms", earliest // 60000 * 60000)
-        return pending_facts, pending_ports
+        return pending_facts, pending_ports, seen
 
-    def _note_facts(self, conn, t: int, sample: Sample, ib: list, pending: dict) -> None:
+    def _note_facts(self, conn, t: int, sample: Sample, ib: list, pending: dict) -> list | None:
         """Write an inventory row for each GPU, port or node whose static facts changed.
 
         A cheap signature of the raw values is compared first; facts are only rebuilt and
         serialised when it changes (that JSON work per tick was a third of the write cost).
+
+        Nearly every tick, no signature changed since the last committed tick: the whole list of
+        them is compared at once with the one kept from that tick (`_seen`, whose entries the
+        caches hold), instead of looking each one up. Returns the list to keep, or None when the
+        facts were not all checked or a key repeats (then the next tick looks each one up).
         """
+        try:
+            seen = [("node", "", codec.node_signature(sample))]
+            seen += [("gpu", str(g.index), codec.gpu_signature(g)) for g in sample.gpus]
+            seen += [("ib", f"{dev}:{port}", codec.ib_signature(p)) for p, (dev, port), _ in ib]
+        except (AttributeError, TypeError, ValueError):
+            seen = None  # the item-by-item pass below meets the same error at the same place
+        if seen is not None and not pending and seen == self._seen:
+            return seen
+        sigs, cached = self._sigs, self._facts
+
         def put(kind: str, key: str, sig: tuple, build) -> None:
             ck = (kind, key)
-            if ck in pending:
-                prev_sig, old = pending[ck]
-            else:
-                prev_sig, old = self._sigs.get(ck), self._facts.get(ck)
+            prev_sig, old = pending[ck] if ck in pending else (sigs.get(ck), cached.get(ck))
             if sig == prev_sig and old is not None:
                 return
             facts = json.dumps(build(json.loads(old) if old else None), sort_keys=True, default=str)
@@ -252,6 +270,10 @@ class Store:
                 put("ib", f"{dev}:{port}", codec.ib_signature(p), lambda prev, p=p: codec.facts_ib(p, prev))
         except (AttributeError, TypeError, ValueError) as exc:  # facts are best effort; the tick is kept
             log.warning("store: facts not recorded: %s", exc)
+            return None
+        if seen is None or len({(kind, key) for kind, key, _ in seen}) != len(seen):
+            return None
+        return seen
 
     def _set_state(self, conn: sqlite3.Connection, key: str, value: Any) -> None:
         conn.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, value))

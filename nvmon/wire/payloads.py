@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nvmon.model import Sample
@@ -55,16 +56,36 @@ __all__ = [
 IB_UP = ("ACTIVE", "LinkUp")  # the usual (state, phys_state): only ports that differ are listed
 
 
+# One encoder for every payload: json.dumps with non-default options builds a new JSONEncoder on
+# each call, and the sample payload is encoded every tick. encode() keeps no state between calls.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode(obj: Mapping[str, Any]) -> bytes:
     """Compact JSON bytes; raises PayloadTooLarge over MAX_PAYLOAD_BYTES."""
-    data = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    data = _ENCODER.encode(obj).encode()
     if len(data) > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(f"payload of {len(data)} bytes exceeds {MAX_PAYLOAD_BYTES}")
     return data
 
 
+# Integers that survive float(x) unchanged: for these `_num` and `_int` are the identity (or 0).
+_EXACT = 2**53
+
+
 def _num(x: float | None, digits: int = 1) -> float | int | None:
     """Round for the wire; integral values lose their `.0`; NaN/inf (a sensor bug) → None."""
+    # Fast paths for the usual values, ~60 a tick; the same results as the generic code below.
+    # round(x, digits) goes through decimal conversion, costly: an integral float is already round.
+    if type(x) is float:
+        if x.is_integer():
+            return int(x)
+        if x - x == 0.0:  # finite (inf - inf and NaN - NaN are NaN)
+            r = round(x, digits)
+            return int(r) if r.is_integer() else r
+        return None
+    if type(x) is int and -_EXACT <= x <= _EXACT:
+        return x
     if x is None or isinstance(x, bool) or not math.isfinite(x):
         return None
     r = round(float(x), digits)
@@ -73,6 +94,13 @@ def _num(x: float | None, digits: int = 1) -> float | int | None:
 
 def _int(x: float | None) -> int | None:
     """Non-negative integer (rates, counts); None for missing or non-finite."""
+    if type(x) is float:  # fast paths, as in `_num`
+        if x - x == 0.0:
+            r = round(x)
+            return r if r > 0 else 0
+        return None
+    if type(x) is int and -_EXACT <= x <= _EXACT:
+        return x if x > 0 else 0
     if x is None or isinstance(x, bool) or not math.isfinite(x):
         return None
     return max(0, int(round(x)))
@@ -82,14 +110,40 @@ def _text(s: object, limit: int = MAX_TEXT) -> str | None:
     return None if s is None else str(s)[:limit]
 
 
+def _layout_id(sample: Sample) -> str:
+    key = json.dumps([[[g.index, g.uuid] for g in sample.gpus], [[p.device, p.port] for p in sample.ib]])
+    return hashlib.blake2s(key.encode(), digest_size=4).hexdigest()
+
+
+# layout_id() runs twice a tick (the publisher's check, then the payload) on what is nearly always
+# the same layout: keep the last few. The key holds the raw values; it is only used when they are
+# plain ints and strs, whose equality means equal JSON (1 == 1.0 == True would not).
+_LAYOUTS: dict[tuple, str] = {}
+_INT = {int}
+_STR = {str}
+_STR_OR_NONE = {str, type(None)}
+
+
 def layout_id(sample: Sample) -> str:
     """8 hex digits naming what the sample's arrays are indexed by (GPUs by UUID, IB ports).
 
     A `sample` carries it as `lay` and the `inventory` as `layout`: a reader whose inventory has
     another layout knows its inventory is stale rather than mislabel a port or GPU.
     """
-    key = json.dumps([[[g.index, g.uuid] for g in sample.gpus], [[p.device, p.port] for p in sample.ib]])
-    return hashlib.blake2s(key.encode(), digest_size=4).hexdigest()
+    index = [g.index for g in sample.gpus]
+    uuid = [g.uuid for g in sample.gpus]
+    device = [p.device for p in sample.ib]
+    port = [p.port for p in sample.ib]
+    if not (set(map(type, index + port)) <= _INT and set(map(type, uuid)) <= _STR_OR_NONE
+            and set(map(type, device)) <= _STR):
+        return _layout_id(sample)
+    key = (tuple(index), tuple(uuid), tuple(device), tuple(port))
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        if len(_LAYOUTS) >= 8:
+            _LAYOUTS.clear()
+        lay = _LAYOUTS[key] = _layout_id(sample)
+    return lay
 
 
 def status_payload(state: str, *, version: str, interval_s: float, ts: float, reason: str | None = None) -> bytes:
@@ -103,13 +157,22 @@ def status_payload(state: str, *, version: str, interval_s: float, ts: float, re
     return encode(out)
 
 
-def _links_by_number(g) -> list:
-    """The GPU's links placed at their link number (arrays on the wire are indexed by link)."""
-    links = [lk for lk in g.nvlink if 0 <= lk.link < MAX_LINKS]
+_RANGES = [list(range(n)) for n in range(MAX_LINKS + 1)]
+
+
+def _links_by_number(g) -> tuple[Sequence, bool]:
+    """The GPU's links placed at their link number (arrays on the wire are indexed by link), and
+    whether every slot holds one (no gaps in the numbering)."""
+    nv = g.nvlink
+    nums = [lk.link for lk in nv]
+    # Usually the links come numbered 0..n-1 in order: they are already in place.
+    if 0 < len(nums) <= MAX_LINKS and nums == _RANGES[len(nums)] and set(map(type, nums)) == _INT:
+        return nv, True
+    links = [lk for lk in nv if 0 <= lk.link < MAX_LINKS]
     slots: list = [None] * (max((lk.link for lk in links), default=-1) + 1)
     for lk in links:
         slots[lk.link] = lk
-    return slots
+    return slots, not any(lk is None for lk in slots)
 
 
 def _ref_mbps(g, links) -> int | None:
@@ -127,6 +190,18 @@ def _pct(rate: float | None, ref_mbps: int | None) -> int | None:
     return min(LINK_PCT_MAX, max(0, round(rate / (ref_mbps * 1e4))))  # B/s ÷ (MB/s × 1e6 / 100)
 
 
+def _pcts(rates: list, ref: int | None) -> list:
+    """`_pct` of each rate, all of them finite numbers (the usual case): the checks `_pct` makes
+    per rate can be skipped, and the clamp tested once for the whole list."""
+    if ref is None:
+        return [None] * len(rates)
+    d = ref * 1e4
+    pcts = [round(r / d) for r in rates]
+    if pcts and (min(pcts) < 0 or max(pcts) > LINK_PCT_MAX):
+        pcts = [min(LINK_PCT_MAX, max(0, q)) for q in pcts]
+    return pcts
+
+
 def _rises(deltas: Mapping[str, int | None]) -> dict[str, int]:
     """Only counters that rose: a quiet link costs no bytes."""
     return {_text(k, 32): int(v) for k, v in deltas.items() if v is not None and v > 0}
@@ -137,69 +212,133 @@ def _sum(values: Iterable[float | None]) -> int | None:
     return _int(sum(vals)) if vals else None
 
 
+def _sum_or_nan(values: list) -> float:
+    try:
+        return sum(values)
+    except TypeError:
+        return math.nan
+
+
+def _may_rise(deltas: list) -> bool:
+    """False when no link of a GPU can have an error counter rise (no delta is non-zero).
+
+    Usually every link's deltas are equal (dict == dict runs in C) and all zero; else any() over
+    the values, still without a Python call per link. True wrongly only costs the exact search.
+    """
+    first = deltas[0]
+    if deltas.count(first) == len(deltas):
+        return any(first.values())
+    return any(map(any, map(_values, deltas)))
+
+
+_values = operator.methodcaller("values")  # as `.values()`: any mapping, AttributeError on None
+
+
 def sample_payload(sample: Sample) -> bytes:
-    """`sample`: one tick, compact. Keys in docs/wire.md ("sample"); arrays are per GPU / per port."""
+    """`sample`: one tick, compact. Keys in docs/wire.md ("sample"); arrays are per GPU / per port.
+
+    This runs every tick over every link (144 on an HGX H100), so the per-link work is done a column
+    at a time with list comprehensions, and the sparse maps (down links, odd speeds, error rises)
+    are only searched link by link when a whole-column test says a GPU has an entry.
+    """
     gpus = sorted(sample.gpus, key=lambda g: g.index)
-    cols: dict[str, list] = {k: [] for k in ("p", "pl", "t", "u", "pg", "pw", "pt", "pr", "nt", "nr", "ls", "lt", "lr")}
-    lost: list[int] = []
-    sparse: dict[str, dict] = {k: {} for k in ("ld", "lq", "lv", "le", "pe", "th")}
+    nt: list = []
+    nr: list = []
+    ls: list = []
+    lt: list = []
+    lr: list = []
+    ld: dict = {}
+    lq: dict = {}
+    lv: dict = {}
+    le: dict = {}
     for g in gpus:
+        links, full = _links_by_number(g)
+        if not links:  # a lost GPU reports none
+            nt.append(None), nr.append(None), ls.append(None), lt.append([]), lr.append([])
+            continue
         gi = str(g.index)
-        if g.lost:
-            lost.append(g.index)
-        links = _links_by_number(g)
-        ref = _ref_mbps(g, links)
-        row = {
-            "p": _num(g.power_w), "pl": _num(g.power_limit_w), "t": _num(g.temperature_c, 0),
-            "u": _num(g.utilization_pct, 0), "pg": _int(g.pcie.gen), "pw": _int(g.pcie.width),
-            "pt": _int(g.pcie.tx_bytes_per_s), "pr": _int(g.pcie.rx_bytes_per_s),
-            "nt": _sum(lk.tx_bytes_per_s for lk in links if lk is not None),
-            "nr": _sum(lk.rx_bytes_per_s for lk in links if lk is not None),
-            "ls": ref if links else None,
-            "lt": [None if lk is None else _pct(lk.tx_bytes_per_s, ref) for lk in links],
-            "lr": [None if lk is None else _pct(lk.rx_bytes_per_s, ref) for lk in links],
-        }
-        for k, v in row.items():
-            cols[k].append(v)
-        down = [n for n, lk in enumerate(links) if lk is not None and lk.active is False]
-        unknown = [n for n, lk in enumerate(links) if lk is not None and lk.active is None]
-        if down:
-            sparse["ld"][gi] = down
-        if unknown:
-            sparse["lq"][gi] = unknown
-        for n, lk in enumerate(links):
-            if lk is None:
-                continue
-            if lk.active and lk.speed_mbps and lk.speed_mbps != ref:
-                sparse["lv"][f"{gi}.{n}"] = int(lk.speed_mbps)
-            if rose := _rises(lk.errors_delta):
-                sparse["le"][f"{gi}.{n}"] = rose
-        if g.pcie.replay_errors_delta:
-            sparse["pe"][gi] = int(g.pcie.replay_errors_delta)
-        if g.throttle_reasons is None:
-            sparse["th"][gi] = None
-        elif g.throttle_reasons:
-            sparse["th"][gi] = [_text(r, 32) for r in g.throttle_reasons]
+        present = links if full else [lk for lk in links if lk is not None]
+        tx = [lk.tx_bytes_per_s for lk in present]
+        rx = [lk.rx_bytes_per_s for lk in present]
+        acts = [lk.active for lk in present]
+        speeds = [lk.speed_mbps for lk in present]
+        n_links, s0 = len(speeds), speeds[0]
+        # The usual GPU: every link up (`== True`: truthy, and neither False nor None) at one
+        # whole speed. Then that speed is the reference and no link is down, unknown or odd.
+        uniform = acts.count(True) == n_links and speeds.count(s0) == n_links and s0 and s0 == int(s0)
+        if uniform:
+            ref = int(s0)
+        else:
+            up_speeds = [s for a, s in zip(acts, speeds) if a and s]
+            ref = int(max(up_speeds)) if up_speeds else _ref_mbps(g, links)
+        # A sum is finite only when every term is: then no rate needs its own check (an unknown
+        # rate, None, makes sum() raise: the first tick has no rates).
+        tx_sum, rx_sum = _sum_or_nan(tx), _sum_or_nan(rx)
+        tx_ok, rx_ok = tx_sum - tx_sum == 0.0, rx_sum - rx_sum == 0.0
+        nt.append(_int(tx_sum) if tx_ok else _sum(tx))
+        nr.append(_int(rx_sum) if rx_ok else _sum(rx))
+        ls.append(ref)
+        if full and tx_ok and rx_ok and ref is not None:
+            # Both directions in one list: one comprehension and one clamp test per GPU.
+            pcts = _pcts(tx + rx, ref)
+            lt.append(pcts[:n_links])
+            lr.append(pcts[n_links:])
+        elif full:
+            lt.append(_pcts(tx, ref) if tx_ok else [_pct(r, ref) for r in tx])
+            lr.append(_pcts(rx, ref) if rx_ok else [_pct(r, ref) for r in rx])
+        else:
+            lt.append([None if lk is None else _pct(lk.tx_bytes_per_s, ref) for lk in links])
+            lr.append([None if lk is None else _pct(lk.rx_bytes_per_s, ref) for lk in links])
+        # `x in list` and count() compare with ==, so these tests may let a GPU through that has
+        # no entry (an active of 0), never hold one back; the link-by-link search below is exact.
+        if not uniform and (None in acts or False in acts):
+            if down := [n for n, lk in enumerate(links) if lk is not None and lk.active is False]:
+                ld[gi] = down
+            if unknown := [n for n, lk in enumerate(links) if lk is not None and lk.active is None]:
+                lq[gi] = unknown
+        if not uniform and speeds.count(ref) != n_links:
+            for n, lk in enumerate(links):
+                if lk is not None and lk.active and lk.speed_mbps and lk.speed_mbps != ref:
+                    lv[f"{gi}.{n}"] = int(lk.speed_mbps)
+        if _may_rise([lk.errors_delta for lk in present]):
+            for n, lk in enumerate(links):
+                if lk is not None and (rose := _rises(lk.errors_delta)):
+                    le[f"{gi}.{n}"] = rose
 
     out: dict[str, Any] = {"schema": SCHEMA, "ts": _num(sample.ts, 3), "dt": _num(sample.interval_s, 3),
                            "lay": layout_id(sample)}
     if [g.index for g in gpus] != list(range(len(gpus))):
         out["gi"] = [g.index for g in gpus]
-    out.update(cols)
-    if lost:
+    out["p"] = [_num(g.power_w) for g in gpus]
+    out["pl"] = [_num(g.power_limit_w) for g in gpus]
+    out["t"] = [_num(g.temperature_c, 0) for g in gpus]
+    out["u"] = [_num(g.utilization_pct, 0) for g in gpus]
+    pcie = [g.pcie for g in gpus]
+    out["pg"] = [_int(p.gen) for p in pcie]
+    out["pw"] = [_int(p.width) for p in pcie]
+    out["pt"] = [_int(p.tx_bytes_per_s) for p in pcie]
+    out["pr"] = [_int(p.rx_bytes_per_s) for p in pcie]
+    out["nt"], out["nr"], out["ls"], out["lt"], out["lr"] = nt, nr, ls, lt, lr
+    if lost := [g.index for g in gpus if g.lost]:
         out["lost"] = lost
-    out.update({k: v for k, v in sparse.items() if v})
+    pe = {str(g.index): int(g.pcie.replay_errors_delta) for g in gpus if g.pcie.replay_errors_delta}
+    th = {str(g.index): None if g.throttle_reasons is None else [_text(r, 32) for r in g.throttle_reasons]
+          for g in gpus if g.throttle_reasons is None or g.throttle_reasons}
+    for k, v in (("ld", ld), ("lq", lq), ("lv", lv), ("le", le), ("pe", pe), ("th", th)):
+        if v:
+            out[k] = v
 
+    ib = sample.ib
     ib_state: dict[str, list] = {}
     ib_err: dict[str, dict] = {}
-    for n, p in enumerate(sample.ib):
+    for n, p in enumerate(ib):
         if (p.state, p.phys_state) != IB_UP:
             ib_state[str(n)] = [_text(p.state, 32), _text(p.phys_state, 32)]
-        if rose := _rises(p.errors_delta):
+        if any(p.errors_delta.values()) and (rose := _rises(p.errors_delta)):
             ib_err[str(n)] = rose
-    out["ig"] = [_num(p.rate_gbps) for p in sample.ib]
-    out["it"] = [_int(p.tx_bytes_per_s) for p in sample.ib]
-    out["ir"] = [_int(p.rx_bytes_per_s) for p in sample.ib]
+    out["ig"] = [_num(p.rate_gbps) for p in ib]
+    out["it"] = [_int(p.tx_bytes_per_s) for p in ib]
+    out["ir"] = [_int(p.rx_bytes_per_s) for p in ib]
     if ib_state:
         out["is"] = ib_state
     if ib_err:
