@@ -176,10 +176,13 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
 @click.option("--rack", help="Rack name, for per-rack power views.")
 @click.option("--sim", metavar="SPEC", help="Simulate a board (see `nvmon profiles`), e.g. on a machine without GPUs.")
 @click.option("--sysfs-root", metavar="DIR", help="Directory standing in for /sys.")
+@click.option("--prometheus", metavar="HOST:PORT",
+              help="Serve Prometheus /metrics there, e.g. 0.0.0.0:9400 (docs/prometheus.md); '' for none.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_root, log_level) -> None:
-    """Run the node agent: sample every second, keep history in SQLite, publish over MQTT.
+def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_root, prometheus, log_level) -> None:
+    """Run the node agent: sample every second, keep history in SQLite, publish over MQTT,
+    and (with --prometheus) serve /metrics, dcgm-exporter compatible.
 
     \b
     On a GPU node, under systemd:   see systemd/nvmon-daemon.service and docs/install.md
@@ -192,7 +195,7 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
     from nvmon.daemon.config import ConfigError, load_config
 
     overrides = {"broker": broker, "db": db, "interval": interval, "node": node, "cluster": cluster,
-                 "rack": rack, "sim": sim, "sysfs_root": sysfs_root}
+                 "rack": rack, "sim": sim, "sysfs_root": sysfs_root, "prometheus": prometheus}
     try:
         cfg = load_config(config_path, overrides)
     except ConfigError as e:
@@ -211,7 +214,11 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
     )
     from nvmon.daemon.main import Daemon
 
-    sys.exit(asyncio.run(Daemon(cfg).run()))
+    try:
+        status = asyncio.run(Daemon(cfg).run())
+    except ConfigError as e:  # found only when used, e.g. the Prometheus port is taken
+        raise NvmonError(str(e)) from None
+    sys.exit(status)
 
 
 @cli.command()
@@ -225,13 +232,16 @@ def profiles() -> None:
     click.echo("\n--sim syntax:\n" + scenario.__doc__.split("Syntax:", 1)[1])
 
 
-def _register_history() -> None:
+def _register_subcommands() -> None:
+    """Commands that live with their part of the package (store, fleet)."""
+    from nvmon.fleet.cli import sim_fleet_command
     from nvmon.store.cli import history_command
 
     cli.add_command(history_command)
+    cli.add_command(sim_fleet_command)
 
 
-_register_history()
+_register_subcommands()
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ Sources (details in ../shared/NVML-FACTS.md §5 and DESIGN.md "Hardware referenc
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
 )
 
 
+@functools.lru_cache(maxsize=256)  # a node has one or two model names; the audit asks per GPU per tick
 def gpu_spec_for(name: str | None) -> GpuSpec | None:
     """The spec whose pattern matches an NVML device name, or None (unknown model)."""
     if not name:

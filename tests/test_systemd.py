@@ -193,6 +193,7 @@ SECTIONS = {
     "store": {"path", "raw_retention_h", "rollup_retention_d"},
     "mqtt": {"broker", "username", "password_file", "ca_file", "cert_file", "key_file", "keepalive_s"},
     "expect": {"gpus", "ib", "topology"},
+    "prometheus": {"listen"},
 }
 
 
@@ -224,6 +225,7 @@ def test_example_config_loads_with_the_daemons_loader(tmp_path):
     full = load_config(everything)
     assert full.expect.gpus == 8 and full.sampling.sim == "hgx-h100"
     assert str(full.mqtt.password_file) == "/etc/nvmon/mqtt.password"
+    assert plain.prometheus.listen is None and full.prometheus.listen == "0.0.0.0:9400"
 
 
 def test_unit_points_at_the_example_config_location():

@@ -97,12 +97,27 @@ class ExpectSection(_Section):
         return v
 
 
+class PrometheusSection(_Section):
+    listen: str | None = None  # "HOST:PORT" serves /metrics there; None or "": no endpoint
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        from nvmon.export.server import parse_listen
+
+        parse_listen(v)  # raises ValueError with the reason
+        return v
+
+
 class DaemonConfig(_Section):
     node: NodeSection = Field(default_factory=NodeSection)
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     store: StoreSection = Field(default_factory=StoreSection)
     mqtt: MqttSection = Field(default_factory=MqttSection)
     expect: ExpectSection = Field(default_factory=ExpectSection)
+    prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
 
     @property
     def node_name(self) -> str:
@@ -120,6 +135,7 @@ FLAG_KEYS = {
     "rack": ("node", "rack"),
     "sim": ("sampling", "sim"),
     "sysfs_root": ("sampling", "sysfs_root"),
+    "prometheus": ("prometheus", "listen"),
 }
 
 

@@ -3,6 +3,8 @@
     sampler ──► store queue ──► store writer (SQLite, in a thread; backlog + retry when unwritable)
             └─► wire queue  ──► publisher (MQTT; reconnects; newest samples only while away)
     maintenance (rollups, pruning) · watchdog (sd_notify, only while the sampler is alive)
+            └─► Prometheus exporter (optional): gets a reference to each sample; its HTTP thread
+                renders /metrics from it on demand (nvmon/export/prometheus.py)
 
 Blocking work (NVML, sysfs, SQLite) runs in threads via asyncio.to_thread; the loop only moves
 immutable Samples. Every failure is local: a collector error skips a tick, an unwritable database
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from nvmon import __version__
 from nvmon.collect.node import NodeSampler, load_real_pynvml
 from nvmon.daemon import sdnotify
-from nvmon.daemon.config import DaemonConfig
+from nvmon.daemon.config import ConfigError, DaemonConfig
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec, parse_expect_ib
 
@@ -42,6 +44,8 @@ class DaemonStats:
     store_errors: int = 0
     store_dropped: int = 0
     wire_dropped: int = 0
+    sample_seconds: float = 0.0  # how long the latest sampler.sample() took
+    sample_seconds_total: float = 0.0  # summed over `ticks`
 
 
 class _Stop(Exception):
@@ -70,6 +74,7 @@ class Daemon:
         self.sampler: NodeSampler | None = None
         self.store = None
         self.publisher = None
+        self.exporter = None
         self.store_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=STORE_BACKLOG)
         self.wire_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=WIRE_QUEUE)
         self._last_tick = 0.0
@@ -109,6 +114,35 @@ class Daemon:
         return Publisher(settings, cluster=self.cfg.node.cluster, node=self.node, version=__version__,
                          interval_s=self.cfg.sampling.interval_s, backoff=Backoff(initial_s=0.5, max_s=4.0))
 
+    def _make_exporter(self):
+        listen = self.cfg.prometheus.listen
+        if not listen:
+            return None
+        from nvmon.export.prometheus import PrometheusExporter
+
+        n = self.cfg.node
+        return PrometheusExporter(listen, node_spec=self.node_spec(), health=self.health,
+                                  node_info={"cluster": n.cluster, "rack": n.rack or "", "version": __version__})
+
+    def health(self):
+        """The daemon's own counters for the exporter (called from its HTTP thread: reads only)."""
+        from nvmon.export.prometheus import DaemonHealth
+
+        st = self.stats
+        pub = self.publisher.stats if self.publisher is not None else None
+        return DaemonHealth(
+            ticks=st.ticks, missed_ticks=st.missed_ticks, sample_errors=st.sample_errors,
+            sample_seconds=st.sample_seconds, sample_seconds_total=st.sample_seconds_total, stored=st.stored,
+            store_errors=st.store_errors, store_dropped=st.store_dropped, wire_dropped=st.wire_dropped,
+            mqtt_connected=None if pub is None else pub.connected,
+            mqtt_published=pub.published if pub else 0, mqtt_errors=pub.errors if pub else 0,
+            mqtt_dropped=pub.dropped if pub else 0)
+
+    def _timed_sample(self) -> tuple[Sample, float]:
+        t0 = time.perf_counter()
+        sample = self.sampler.sample()
+        return sample, time.perf_counter() - t0
+
     def node_spec(self) -> NodeSpec:
         e = self.cfg.expect
         ports, rate = parse_expect_ib(e.ib) if e.ib else (None, None)
@@ -136,7 +170,7 @@ class Daemon:
         next_t = loop.time()
         while True:
             try:
-                sample = await asyncio.to_thread(self.sampler.sample)
+                sample, took = await asyncio.to_thread(self._timed_sample)
             except Exception:  # a collector bug must cost one tick, not the daemon
                 self.stats.sample_errors += 1
                 if self.stats.sample_errors in (1, 10, 100) or self.stats.sample_errors % 1000 == 0:
@@ -144,6 +178,10 @@ class Daemon:
             else:
                 self.latest = sample
                 self.stats.ticks += 1
+                self.stats.sample_seconds = took
+                self.stats.sample_seconds_total += took
+                if self.exporter is not None:
+                    self.exporter.update(sample)
                 self._last_tick = loop.time()
                 if _put_newest(self.store_q, sample):
                     self.stats.store_dropped += 1
@@ -236,6 +274,22 @@ class Daemon:
                 loop.add_signal_handler(sig, self.request_stop)
             except (NotImplementedError, RuntimeError):  # not the main thread (tests)
                 pass
+        # The endpoint first: a taken port must fail the start at once, in one line.
+        self.exporter = self._make_exporter()
+        if self.exporter is not None:
+            from nvmon.export.server import ListenError
+
+            try:
+                self.exporter.start()
+            except ListenError as e:
+                raise ConfigError(f"prometheus.listen {e}") from None
+        try:
+            return await self._run()
+        finally:
+            if self.exporter is not None:
+                self.exporter.stop()
+
+    async def _run(self) -> int:
         self.sampler = self._make_sampler()
         status = await asyncio.to_thread(self.sampler.open)
         if not status.available:
@@ -244,9 +298,12 @@ class Daemon:
         self.publisher = self._make_publisher()
         # The first sample before anything else: inventory and the first stored tick need it.
         self.latest = await asyncio.to_thread(self.sampler.sample)
-        log.info("nvmon %s on %s: %d GPUs, %d IB ports, every %.3g s, db %s, broker %s", __version__,
+        if self.exporter is not None:
+            self.exporter.update(self.latest)
+        log.info("nvmon %s on %s: %d GPUs, %d IB ports, every %.3g s, db %s, broker %s, metrics %s", __version__,
                  self.node, len(self.latest.gpus), len(self.latest.ib), self.cfg.sampling.interval_s,
-                 self.cfg.store.path, self.cfg.mqtt.broker or "none")
+                 self.cfg.store.path, self.cfg.mqtt.broker or "none",
+                 self.exporter.server.url if self.exporter is not None else "none")
         sdnotify.ready()
         sdnotify.status(f"sampling {len(self.latest.gpus)} GPUs every {self.cfg.sampling.interval_s:g} s")
         try:
@@ -267,6 +324,8 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         """Flush what is queued to the store (bounded time), then release hardware and files."""
+        if self.exporter is not None:  # stop answering scrapes first: the node is going away
+            await asyncio.to_thread(self.exporter.stop)
         pending = []
         while not self.store_q.empty():
             pending.append(self.store_q.get_nowait())

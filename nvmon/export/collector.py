@@ -1,0 +1,355 @@
+"""The metric families of one snapshot: a `prometheus_client` Collector over nvmon's `Sample`.
+
+What is exported, and under which name, type and help text, is `nvmon.export.catalog`; this module
+fills those families with values from a `Snapshot` (a sample plus byte counters integrated from
+all samples so far) and from the daemon's `DaemonHealth`. Values nvmon could not read (None) are
+left out, never reported as 0. The audit behind `nvmon_audit_findings` runs here, so once per
+rendering, which `PrometheusExporter` keeps to once per sample.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample as PromSample
+
+from nvmon.audit import RULES, audit
+from nvmon.audit import _is_active as ib_port_up  # one definition of a working port
+from nvmon.export.catalog import METRICS
+from nvmon.export.exposition import Labels
+from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample
+from nvmon.specs import NodeSpec
+
+TOPOLOGY_CLASSES = ("nvswitch", "mesh", "pairs", "partial", "none", "unknown")
+VERDICTS = ("ok", "warning", "critical", "unknown")
+# DCGM's per-GPU NVLink error totals, by nvmon's error kind.
+DCGM_NVLINK_ERRORS = {
+    "crc_flit": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "crc_data": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "replay": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "recovery": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+_NV = re.compile(r"NV(\d+)$")
+# prometheus_client's Sample is a namedtuple: building it through tuple.__new__ skips a Python-level
+# wrapper, and ~1200 of them are built per rendering. The defaults (timestamp, exemplar, ...) are
+# read from the class, so a prometheus_client that adds a field keeps working.
+_new_sample = tuple.__new__
+_PAD = tuple(PromSample._field_defaults[f] for f in PromSample._fields[3:])
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonHealth:
+    """The daemon's own counters, as the exporter shows them (built by the daemon on demand)."""
+
+    ticks: int = 0
+    missed_ticks: int = 0
+    sample_errors: int = 0
+    sample_seconds: float = 0.0  # the latest sample's duration
+    sample_seconds_total: float = 0.0  # over `ticks` samples
+    stored: int = 0
+    store_errors: int = 0
+    store_dropped: int = 0
+    wire_dropped: int = 0
+    mqtt_connected: bool | None = None  # None: no broker configured
+    mqtt_published: int = 0
+    mqtt_errors: int = 0
+    mqtt_dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One sample plus the byte counters integrated from every sample up to it."""
+
+    sample: Sample
+    nvlink_bytes: Mapping[int, Mapping[int, tuple[float, float]]]  # gpu index → link → (tx, rx) bytes
+    ib_bytes: Mapping[tuple[str, int], tuple[float, float]]  # (device, port) → (tx, rx) bytes
+
+
+def advance(prev: Snapshot | None, sample: Sample) -> Snapshot:
+    """The next snapshot: byte counters grow by rate × the sample's interval (rates unknown on a
+    tick — first tick, counter reset — add nothing, so the counters stay monotonic)."""
+    dt = sample.interval_s if sample.interval_s > 0 else 0.0
+    nv: dict[int, dict[int, tuple[float, float]]] = {}
+    before = prev.nvlink_bytes if prev is not None else {}
+    for g in sample.gpus:
+        old = before.get(g.index, {})
+        per_link = nv[g.index] = {}
+        for link in g.nvlink:
+            tx, rx = old.get(link.link, (0.0, 0.0))
+            if dt:
+                tx += (link.tx_bytes_per_s or 0.0) * dt
+                rx += (link.rx_bytes_per_s or 0.0) * dt
+            per_link[link.link] = (tx, rx)
+    for index, old in before.items():  # a GPU missing from this sample keeps its counts for later
+        nv.setdefault(index, old)
+    ib = dict(prev.ib_bytes) if prev is not None else {}
+    for p in sample.ib:
+        key = (p.device, p.port)
+        tx, rx = ib.get(key, (0.0, 0.0))
+        if dt:
+            tx += (p.tx_bytes_per_s or 0.0) * dt
+            rx += (p.rx_bytes_per_s or 0.0) * dt
+        ib[key] = (tx, rx)
+    return Snapshot(sample, nv, ib)
+
+
+class _Families:
+    """The catalogue's families for one rendering; `add` skips unknown (None) values."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, tuple[list, str]] = {}
+        self.families: list[Metric] = []
+        for d in METRICS.values():
+            name = d.name[:-6] if d.type == "counter" and d.name.endswith("_total") else d.name
+            m = Metric(name, d.help, d.type)  # prometheus_client's convention: counter family without _total
+            self.families.append(m)
+            self.metrics[d.name] = (m.samples, d.name)
+
+    def add(self, name: str, labels: Labels, value: float | int | None) -> None:
+        if value is not None:
+            samples, sample_name = self.metrics[name]
+            samples.append(_new_sample(PromSample, (sample_name, labels, value) + _PAD))
+
+    def samples(self, *names: str) -> list[list]:
+        """The sample lists of these families, for hot loops that append directly."""
+        return [self.metrics[n][0] for n in names]
+
+    def add_summary(self, name: str, labels: Labels, count: int, total: float) -> None:
+        samples, _ = self.metrics[name]
+        samples.append(PromSample(name + "_count", labels, count))
+        samples.append(PromSample(name + "_sum", labels, total))
+
+
+class SampleCollector(Collector):
+    """A `prometheus_client` collector over one snapshot (`snapshot`, set before each collect)."""
+
+    def __init__(self, *, node_spec: NodeSpec, node_info: Mapping[str, str],
+                 health: Callable[[], DaemonHealth | None]):
+        from nvmon.collect.nvml_fields import THROTTLE_BITS
+
+        self.node_spec = node_spec
+        self.node_info = dict(node_info)
+        self.health = health
+        self.snapshot: Snapshot | None = None
+        self.render_seconds: float | None = None  # wall time of the previous rendering
+        self.renders = 0
+        self.render_cpu_seconds = 0.0  # CPU time of all renderings so far
+        self.compress_cpu_seconds = 0.0  # and of their compressions (set by the exporter)
+        self._link_labels: dict[int, tuple] = {}  # per GPU: (its labels, link ids, per-link label sets)
+        self._bits = tuple((name, bit) for bit, name in THROTTLE_BITS)
+        self._roots: dict[tuple, Labels] = {}  # label sets kept across renderings (see Labels)
+
+    def _root(self, pairs: tuple[tuple[str, str], ...]) -> Labels:
+        got = self._roots.get(pairs)
+        if got is None:
+            if len(self._roots) > 1024:
+                self._roots.clear()
+            got = self._roots[pairs] = Labels(dict(pairs))
+        return got
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.snapshot
+        if snap is None:
+            return []
+        f = _Families()
+        s = snap.sample
+        node = self._root((("Hostname", s.node),))
+        self._node(f, s, node)
+        gpu_labels = {}
+        for g in s.gpus:
+            gpu_labels[g.index] = lab = self._root(gpu_label_pairs(g, s.node))
+            self._gpu(f, snap, g, lab)
+        self._ib(f, snap, node)
+        self._pci(f, s, node)
+        self._topology(f, s, node, gpu_labels)
+        self._audit(f, s, node)
+        self._daemon(f, node)
+        return [m for m in f.families if m.samples]
+
+    def _node(self, f: _Families, s: Sample, node: Labels) -> None:
+        info = self._root((
+            ("Hostname", s.node), *((k, self.node_info.get(k, "")) for k in ("cluster", "rack", "version")),
+            ("driver_version", s.nvml.driver_version or ""), ("nvml_version", s.nvml.nvml_version or "")))
+        f.add("nvmon_node_info", info, 1)
+        f.add("nvmon_nvml_up", node, int(s.nvml.available))
+        f.add("nvmon_sample_timestamp_seconds", node, s.ts)
+
+    def _gpu(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels) -> None:
+        add = f.add
+        add("nvmon_gpu_lost", lab, int(g.lost))
+        add("DCGM_FI_DEV_POWER_USAGE", lab, g.power_w)
+        add("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", lab, g.power_limit_w)
+        add("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", lab, g.power_default_limit_w)
+        add("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", lab, g.power_max_limit_w)
+        add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lab, None if g.energy_j is None else round(g.energy_j * 1000))
+        add("DCGM_FI_DEV_GPU_TEMP", lab, g.temperature_c)
+        add("DCGM_FI_DEV_GPU_UTIL", lab, g.utilization_pct)
+        if g.throttle_reasons is not None and not g.lost:
+            mask = 0
+            active = set(g.throttle_reasons)
+            for name, bit in self._bits:
+                if name in active:  # active reasons only: 9 zeros per GPU would be noise
+                    mask |= bit
+                    add("nvmon_gpu_clocks_event_reason", lab.with_("reason", name), 1)
+            add("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", lab, mask)
+            add("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", lab, mask)
+        p = g.pcie
+        add("DCGM_FI_DEV_PCIE_LINK_GEN", lab, p.gen)
+        add("DCGM_FI_DEV_PCIE_LINK_WIDTH", lab, p.width)
+        add("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", lab, p.max_gen)
+        add("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", lab, p.max_width)
+        add("nvmon_gpu_pcie_device_max_link_gen", lab, p.device_max_gen)
+        add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, p.replay_errors)
+        # NVML's PCIe throughput (what DCGM passes through here) is in KB/s, KB = 1024 bytes.
+        add("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", lab, None if p.tx_bytes_per_s is None else p.tx_bytes_per_s / 1024)
+        add("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", lab, None if p.rx_bytes_per_s is None else p.rx_bytes_per_s / 1024)
+        add("DCGM_FI_PROF_PCIE_TX_BYTES", lab, p.tx_bytes_per_s)
+        add("DCGM_FI_PROF_PCIE_RX_BYTES", lab, p.rx_bytes_per_s)
+        if g.lost:
+            return
+        add("nvmon_gpu_nvlink_links", lab, g.nvlink_count if g.nvlink_count is not None else len(g.nvlink) or None)
+        if not g.nvlink:
+            return
+        self._nvlinks(f, snap, g, lab)
+
+    def _nvlinks(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels) -> None:
+        """Per-link series and the per-GPU NVLink sums, in one pass over the links: the hot loop
+        (8 GPUs × 18 links, half the page). Per link a shorter label set: join on UUID for the rest.
+        Samples are built as plain tuples + `_PAD` (prometheus_client's Sample is a namedtuple)."""
+        links = g.nvlink
+        ids = tuple(link.link for link in links)
+        known = self._link_labels.get(g.index)
+        if known is not None and known[0] is lab and known[1] == ids:
+            lls = known[2]
+        else:
+            short = self._root((("gpu", lab["gpu"]), ("UUID", lab["UUID"]), ("Hostname", lab["Hostname"])))
+            lls = tuple(short.with_("link", str(i)) for i in ids)
+            self._link_labels[g.index] = (lab, ids, lls)
+        totals = snap.nvlink_bytes.get(g.index, {})
+        up_s, tx_s, rx_s, err_s = f.samples("nvmon_nvlink_up", "nvmon_nvlink_tx_bytes_total",
+                                            "nvmon_nvlink_rx_bytes_total", "nvmon_nvlink_errors_total")
+        new = _new_sample
+        active = 0
+        tx = rx = min_speed = None
+        kinds = dict.fromkeys(NVLINK_ERROR_KINDS)  # per-GPU sum by kind; None until one is known
+        for link, ll in zip(links, lls):
+            a = link.active
+            if a is not None:
+                up_s.append(new(PromSample, ("nvmon_nvlink_up", ll, int(a)) + _PAD))
+                if a:
+                    active += 1
+                    if link.speed_mbps is not None and (min_speed is None or link.speed_mbps < min_speed):
+                        min_speed = link.speed_mbps
+            if link.tx_bytes_per_s is not None:
+                tx = (tx or 0.0) + link.tx_bytes_per_s
+            if link.rx_bytes_per_s is not None:
+                rx = (rx or 0.0) + link.rx_bytes_per_s
+            t = totals.get(link.link)
+            if t is not None:  # whole bytes: exact, and ints render faster than floats
+                tx_s.append(new(PromSample, ("nvmon_nvlink_tx_bytes_total", ll, int(t[0])) + _PAD))
+                rx_s.append(new(PromSample, ("nvmon_nvlink_rx_bytes_total", ll, int(t[1])) + _PAD))
+            # One error counter per link, all kinds together; DCGM's per-GPU totals split by kind.
+            link_sum = None
+            for kind, v in link.errors.items():
+                if v is not None:
+                    link_sum = (link_sum or 0) + v
+                    kinds[kind] = (kinds.get(kind) or 0) + v
+            if link_sum is not None:
+                err_s.append(new(PromSample, ("nvmon_nvlink_errors_total", ll, link_sum) + _PAD))
+        add = f.add
+        add("nvmon_gpu_nvlink_active_links", lab, active)
+        add("nvmon_gpu_nvlink_min_speed_bytes_per_second", lab, None if min_speed is None else min_speed * 1_000_000)
+        add("DCGM_FI_PROF_NVLINK_TX_BYTES", lab, tx)
+        add("DCGM_FI_PROF_NVLINK_RX_BYTES", lab, rx)
+        if tx is not None or rx is not None:  # DCGM: tx+rx in MiB/s, typed counter (docs/prometheus.md)
+            add("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", lab, ((tx or 0.0) + (rx or 0.0)) / 1048576)
+        for kind, name in DCGM_NVLINK_ERRORS.items():
+            add(name, lab, kinds.get(kind))
+
+    def _ib(self, f: _Families, snap: Snapshot, node: Labels) -> None:
+        for p in snap.sample.ib:
+            lab = node.with_("device", p.device).with_("port", str(p.port))
+            f.add("nvmon_ib_port_up", lab, int(ib_port_up(p)))
+            f.add("nvmon_ib_port_state", lab.with_("state", p.state or "").with_("phys_state", p.phys_state or "")
+                  .with_("link_layer", p.link_layer or ""), 1)
+            f.add("nvmon_ib_port_rate_bytes_per_second", lab, None if p.rate_gbps is None else p.rate_gbps * 1e9 / 8)
+            t = snap.ib_bytes.get((p.device, p.port))
+            if t is not None:
+                f.add("nvmon_ib_port_tx_bytes_total", lab, int(t[0]))
+                f.add("nvmon_ib_port_rx_bytes_total", lab, int(t[1]))
+            for kind in IB_ERROR_KINDS:
+                f.add("nvmon_ib_port_errors_total", lab.with_("kind", kind), p.errors.get(kind))
+
+    def _pci(self, f: _Families, s: Sample, node: Labels) -> None:
+        links = {}  # one PCIe link per HCA, however many ports it has
+        for p in s.ib:
+            links.setdefault(p.device, ("hca", p.device, p.pci_bus_id or "", p.pcie))
+        for sw in s.nvswitches:
+            links[sw.pci_bus_id] = (sw.kind, "", sw.pci_bus_id, sw.pcie)
+        for kind, device, bus, pcie in links.values():
+            lab = node.with_("kind", kind).with_("device", device).with_("pci_bus_id", bus)
+            f.add("nvmon_pcie_link_gen", lab, pcie.gen)
+            f.add("nvmon_pcie_link_width", lab, pcie.width)
+            f.add("nvmon_pcie_max_link_gen", lab, pcie.max_gen)
+            f.add("nvmon_pcie_max_link_width", lab, pcie.max_width)
+
+    def _topology(self, f: _Families, s: Sample, node: Labels, gpu_labels: dict[int, Labels]) -> None:
+        topo = s.topology
+        for cls in TOPOLOGY_CLASSES:
+            f.add("nvmon_topology_class", node.with_("class", cls), int(topo.class_ == cls))
+        pairs = 0
+        for i, row in enumerate(topo.matrix):
+            gl = node.with_("gpu", str(i))
+            for j in range(i + 1, len(row)):  # each pair once, gpu < peer_gpu
+                m = _NV.match(row[j])
+                n = int(m.group(1)) if m else 0
+                pairs += bool(n)
+                f.add("nvmon_topology_pair_nvlinks", gl.with_("peer_gpu", str(j)), n)
+        if topo.matrix:
+            f.add("nvmon_topology_nvlink_pairs", node, pairs)
+        for i, n in enumerate(topo.nvswitch_links):
+            if i in gpu_labels:
+                f.add("nvmon_topology_nvswitch_links", gpu_labels[i], n)
+
+    def _audit(self, f: _Families, s: Sample, node: Labels) -> None:
+        report = audit(s, self.node_spec)
+        counts = dict.fromkeys(RULES, 0)
+        for finding in report.findings:
+            counts[finding.code] = counts.get(finding.code, 0) + 1
+        for code, n in counts.items():
+            f.add("nvmon_audit_findings", node.with_("code", code).with_("severity", RULES.get(code, "")), n)
+        for v in VERDICTS:
+            f.add("nvmon_audit_verdict", node.with_("verdict", v), int(report.verdict == v))
+
+    def _daemon(self, f: _Families, node: Labels) -> None:
+        h = self.health()
+        if h is not None:
+            f.add("nvmon_daemon_ticks_total", node, h.ticks)
+            f.add("nvmon_daemon_missed_ticks_total", node, h.missed_ticks)
+            f.add("nvmon_daemon_sample_errors_total", node, h.sample_errors)
+            f.add_summary("nvmon_daemon_sample_duration_seconds", node, h.ticks, h.sample_seconds_total)
+            f.add("nvmon_daemon_last_sample_duration_seconds", node, h.sample_seconds)
+            f.add("nvmon_daemon_stored_ticks_total", node, h.stored)
+            f.add("nvmon_daemon_store_errors_total", node, h.store_errors)
+            f.add("nvmon_daemon_store_dropped_total", node, h.store_dropped)
+            f.add("nvmon_daemon_wire_dropped_total", node, h.wire_dropped)
+            if h.mqtt_connected is not None:
+                f.add("nvmon_daemon_mqtt_connected", node, int(h.mqtt_connected))
+                f.add("nvmon_daemon_mqtt_published_total", node, h.mqtt_published)
+                f.add("nvmon_daemon_mqtt_errors_total", node, h.mqtt_errors)
+                f.add("nvmon_daemon_mqtt_dropped_total", node, h.mqtt_dropped)
+        f.add("nvmon_exporter_render_seconds", node, self.render_seconds)
+        f.add("nvmon_exporter_renders_total", node, self.renders)
+        f.add("nvmon_exporter_render_cpu_seconds_total", node,
+              self.render_cpu_seconds + self.compress_cpu_seconds)
+
+
+def gpu_label_pairs(g: GpuSample, hostname: str) -> tuple[tuple[str, str], ...]:
+    """dcgm-exporter's labels for a GPU, in its order (`device` is "nvidia" + the NVML index)."""
+    i = str(g.index)
+    return (("gpu", i), ("UUID", g.uuid or ""), ("pci_bus_id", g.pci_bus_id or ""), ("device", f"nvidia{i}"),
+            ("modelName", g.name or ""), ("Hostname", hostname))

@@ -1,0 +1,19 @@
+"""asyncio helpers for the fleet side."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation that an awaited call swallowed.
+
+    On Python 3.11, `asyncio.wait_for` (which aiomqtt 2.x uses for every publish, subscribe and
+    connect) can return normally when its inner future completes in the same loop iteration as a
+    `cancel()` of the calling task (CPython gh-86296, fixed in 3.12). The task then keeps running
+    with `cancelling() > 0` and nothing left to stop it, so a TaskGroup waiting for it hangs.
+    Call this after such awaits in loops that must stop when cancelled.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

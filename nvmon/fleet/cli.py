@@ -1,0 +1,128 @@
+"""`nvmon sim-fleet`: the load generator as a command (registered by nvmon.cli).
+
+Bad input is a one-line error and exit status 2 (usage) or 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import click
+
+from nvmon.wire.contract import valid_name
+
+log = logging.getLogger("nvmon.fleet")
+
+
+class FleetCliError(click.ClickException):
+    """A user-facing one-line error (same form as nvmon.cli's)."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"nvmon: {self.format_message()}", err=True)
+
+
+def _cluster(ctx, param, value: str) -> str:
+    if not valid_name(value):
+        raise click.BadParameter("use 1-64 characters from A-Z a-z 0-9 . _ -")
+    return value
+
+
+def _interval(ctx, param, value: float) -> float:
+    if not 0.05 <= value <= 300:
+        raise click.BadParameter("must be between 0.05 and 300 seconds")
+    return value
+
+
+def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for v in values:
+        index, sep, spec = v.partition("=")
+        if not sep or not index.strip().isdigit() or not spec.strip():
+            raise click.BadParameter(f"{v!r}: expected NODE_INDEX=SIMSPEC, e.g. 3=nvlink_down=2.5")
+        if int(index) in out:
+            raise click.BadParameter(f"node {int(index)} given twice: join its faults with commas")
+        out[int(index)] = spec.strip()
+    return out
+
+
+@click.command("sim-fleet")
+@click.option("--nodes", type=click.IntRange(1, 20_000), default=20, show_default=True, help="Nodes to simulate.")
+@click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True, metavar="URL",
+              help="mqtt://HOST[:PORT] or mqtts://HOST[:PORT].")
+@click.option("--cluster", default="sim", show_default=True, callback=_cluster, help="Cluster name (topic level).")
+@click.option("--racks", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="Racks to spread the nodes over, in order (rack-00 holds the first nodes).")
+@click.option("--interval", type=float, default=1.0, show_default=True, callback=_interval,
+              help="Seconds between a node's samples.")
+@click.option("--fault", "faults", multiple=True, callback=_faults, metavar="NODE_INDEX=SIMSPEC",
+              help="Plant faults on one node, e.g. 3=nvlink_down=2.5,pcie_width=3:8 (keys as in --sim; "
+                   "a spec starting with a profile replaces the board). Repeatable.")
+@click.option("--profile", default="hgx-h100", show_default=True, help="Board profile of healthy nodes.")
+@click.option("--prefix", default="sim", show_default=True, help="Node names are PREFIX-000, PREFIX-001, ...")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop after this long (default: until Ctrl-C or SIGTERM).")
+def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interval: float, faults: dict[int, str],
+                      profile: str, prefix: str, seconds: float | None) -> None:
+    """Publish a simulated fleet to a broker, as N node daemons would.
+
+    Each node has its own connection, will, retained status/inventory/alerts and one sample per
+    interval. A few real simulated boards (4 healthy seeds plus one per fault spec) feed all the
+    nodes, so 1,000 nodes at 1 Hz run on one core. Stopping publishes `offline` for every node;
+    killing the process lets the broker publish their wills.
+    """
+    from nvmon.fleet.simfleet import SimFleet, describe
+    from nvmon.wire.mqtt import MqttSettings
+
+    try:
+        fleet = SimFleet(MqttSettings(url=broker), nodes, cluster=cluster, racks=racks, faults=faults,
+                         interval_s=interval, profile=profile, prefix=prefix)
+    except ValueError as e:
+        raise FleetCliError(str(e)) from None
+    click.echo(describe(fleet) + "; Ctrl-C to stop", err=True)
+    asyncio.run(_run(fleet, seconds))
+
+
+def _quiet_aiomqtt_noise(loop, context) -> None:
+    """When the broker goes away, aiomqtt 2.x leaves each client's disconnect error unretrieved and
+    may register a writer on a socket that just closed: harmless, but one traceback per node (a
+    thousand on a broker restart). Those go to debug; anything else is reported as usual."""
+    exc, msg = context.get("exception"), context.get("message", "")
+    noise = ((msg.startswith("Future exception was never retrieved") and type(exc).__module__.startswith("aiomqtt"))
+             or (msg.startswith("Exception in callback") and ("add_writer" in msg or "add_reader" in msg)))
+    if noise:
+        log.debug("aiomqtt: %s: %s", msg, exc)
+    else:
+        loop.default_exception_handler(context)
+
+
+async def _run(fleet, seconds: float | None) -> None:
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_quiet_aiomqtt_noise)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: every node says offline/stopped
+        loop.add_signal_handler(sig, task.cancel)
+    reporter = asyncio.create_task(_report(fleet))
+    try:
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            async with asyncio.timeout(seconds):
+                await fleet.run()
+    finally:
+        reporter.cancel()
+    s = fleet.stats
+    click.echo(f"sim-fleet: stopped; {s.published} samples published, {s.connects} connections, "
+               f"{s.errors} errors" + (f" (last: {s.last_error})" if s.last_error else ""), err=True)
+
+
+async def _report(fleet, every_s: float = 10.0) -> None:
+    """A line every `every_s` while nodes are not all connected: a wrong broker shows at once."""
+    errors = 0
+    while True:
+        await asyncio.sleep(every_s)
+        s = fleet.stats
+        if s.connected < s.nodes or s.errors > errors:
+            click.echo(f"sim-fleet: {s.connected}/{s.nodes} nodes connected, {s.published} samples published"
+                       + (f"; last error: {s.last_error}" if s.last_error else ""), err=True)
+        errors = s.errors

@@ -1,0 +1,233 @@
+"""Feed a `FleetState` from MQTT: subscribe to one cluster's topic tree (or all), apply every
+message, reconnect forever.
+
+The TUI header and its "broker lost" banner read `status` (connected, messages/s, dropped, last
+error); `nvmon fleet` reads the same. Run `await FleetSubscriber(...).run()` as a task and cancel
+it to stop.
+
+The broker connection goes through `nvmon.wire.mqtt.make_client` (the one aiomqtt adapter); this
+module only uses the client's `subscribe` and `messages`, and catches its errors as plain
+exceptions, so that it does not depend on aiomqtt's exception classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn
+
+from nvmon.fleet.aio import raise_if_cancelled
+from nvmon.fleet.state import FleetState
+from nvmon.wire.contract import subscription
+from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
+
+log = logging.getLogger("nvmon.fleet")
+
+RATE_WINDOW_S = 5  # messages/s is averaged over this many whole seconds
+MAX_PENDING = 50_000  # samples waiting to be applied (one per topic): flush at this many
+FLUSH_CHUNK = 64  # samples applied between two looks at the socket
+BUSY_SHARE = 0.5  # applying more than this share of the time: behind, start coalescing samples
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberStatus:
+    url: str
+    filter: str
+    connected: bool
+    since: float | None  # when the connection came up or went away (unix s); None before the first try
+    connects: int  # successful connections, the first one included
+    errors: int  # failed attempts and lost connections
+    last_error: str | None  # one line, safe to display
+    last_error_at: float | None
+    messages: int  # received since start
+    coalesced: int  # samples replaced by a newer one of the same node before being applied (we were behind)
+    rate_per_s: float  # over the last RATE_WINDOW_S seconds
+    dropped: int  # messages the state refused (all reasons; `state.stats` has them by reason)
+
+
+class _Rate:
+    """Messages per second over a sliding window of whole-second buckets (O(1) per message)."""
+
+    def __init__(self, window: int = RATE_WINDOW_S):
+        self.window = window
+        self.buckets = [0] * (window + 1)
+        self.second = 0
+
+    def add(self, now: float) -> None:
+        self._advance(int(now))
+        self.buckets[self.second % len(self.buckets)] += 1
+
+    def _advance(self, second: int) -> None:
+        if second <= self.second:
+            return
+        for s in range(max(self.second + 1, second - len(self.buckets) + 1), second + 1):
+            self.buckets[s % len(self.buckets)] = 0
+        self.second = second
+
+    def per_s(self, now: float) -> float:
+        self._advance(int(now))
+        current = self.second % len(self.buckets)
+        # Whole seconds only: the current second is still filling up.
+        return sum(c for i, c in enumerate(self.buckets) if i != current) / self.window
+
+
+class _Load:
+    """The share of wall time spent applying, judged once a second: over BUSY_SHARE is behind."""
+
+    def __init__(self):
+        self.start, self.spent, self.behind = time.perf_counter(), 0.0, False
+
+    def add(self, seconds: float) -> None:
+        self.spent += seconds
+        now = time.perf_counter()
+        if now - self.start >= 1.0:
+            self.behind = self.spent / (now - self.start) > BUSY_SHARE
+            self.start, self.spent = now, 0.0
+
+
+class FleetSubscriber:
+    """Subscribes `state` to `cluster` (None: every cluster) on the broker of `settings`."""
+
+    def __init__(self, settings: MqttSettings, state: FleetState, *, cluster: str | None = None,
+                 backoff: Backoff = Backoff(), clock: Callable[[], float] = time.time, sweep_every_s: float = 1.0,
+                 max_delay_s: float = 0.25):
+        self.settings, self.state, self.backoff, self.clock = settings, state, backoff, clock
+        self.filter = subscription(cluster)  # ValueError on a bad cluster name
+        # Unique per process: two views on one desk must not take each other's session over.
+        self.client_id = f"nvmon-fleet-{os.getpid()}-{id(self) & 0xFFFF:04x}"
+        self.sweep_every_s, self.max_delay_s = sweep_every_s, max_delay_s
+        self._connected = False
+        self._since: float | None = None
+        self._connects = self._errors = self._messages = self._coalesced = 0
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
+        self._last_logged: str | None = None
+        self._rate = _Rate()
+
+    @property
+    def status(self) -> SubscriberStatus:
+        return SubscriberStatus(
+            url=self.settings.url, filter=self.filter, connected=self._connected, since=self._since,
+            connects=self._connects, errors=self._errors, last_error=self._last_error,
+            last_error_at=self._last_error_at, messages=self._messages, coalesced=self._coalesced,
+            rate_per_s=self._rate.per_s(self.clock()), dropped=self.state.stats.dropped)
+
+    async def run(self) -> NoReturn:
+        """Subscribe and apply until cancelled; reconnects with backoff, sweeps liveness every second."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._sweeper(), name="nvmon.fleet.sweep")
+            await self._connection_loop()
+
+    async def _sweeper(self) -> NoReturn:
+        # Silence is news too: a node that stops ticking turns stale without any message arriving.
+        while True:
+            await asyncio.sleep(self.sweep_every_s)
+            self.state.sweep(self.clock())
+
+    async def _connection_loop(self) -> NoReturn:
+        attempt = 0
+        while True:
+            was = self._connects
+            try:
+                await self._session()
+            except Exception as e:  # broker errors, refused logins, TLS, OSError: all mean "retry"
+                self._note_error(e, lost=self._connects != was)
+            finally:
+                if self._connected:
+                    self._connected, self._since = False, self.clock()
+            raise_if_cancelled()  # a cancel swallowed while connecting or disconnecting
+            if self._connects != was:
+                attempt = 0  # it worked for a while: retry quickly first
+            await asyncio.sleep(self.backoff.delay(attempt))
+            attempt += 1
+
+    async def _session(self) -> None:
+        client = make_client(self.settings, client_id=self.settings.client_id or self.client_id)
+        async with client:
+            # QoS 1: retained status/inventory/alerts arrive at least once; samples stay QoS 0.
+            await client.subscribe(self.filter, qos=1)
+            raise_if_cancelled()  # aiomqtt on 3.11 can swallow a cancel in subscribe
+            self._connected, self._since = True, self.clock()
+            self._connects += 1
+            self._last_logged = None
+            log.info("fleet: subscribed to %s on %s", self.filter, self.settings.url)
+            await self._consume(client)
+
+    async def _consume(self, client) -> None:
+        """Apply messages as they come; when behind, a node's newer sample replaces its older one.
+
+        While the subscriber keeps up, every sample is applied as soon as aiomqtt's queue is
+        empty. When applying takes more than BUSY_SHARE of the time (a starved or too small CPU),
+        samples wait in `pending`, one per topic, so each node's latest tick is applied once
+        instead of every stale one in turn (toolong's replaceable messages); reading and applying
+        then take turns, each about as long as the last flush took. Memory stays bounded (one
+        sample per node) and so does latency (about two flushes). Retained kinds are applied at
+        once, after the node's pending sample: order within a node is kept, so a will that
+        follows a tick still wins.
+        """
+        apply, note_seen, rate, clock = self.state.apply, self.state.note_seen, self._rate, self.clock
+        queue, load = client.messages, _Load()
+        pending: dict[str, tuple[object, float]] = {}  # sample topic → (payload, receive time)
+        oldest, hold = 0.0, self.max_delay_s
+        async for message in queue:
+            now = clock()
+            self._messages += 1
+            rate.add(now)
+            topic = str(message.topic)
+            if topic.endswith("/sample"):
+                if topic in pending:
+                    self._coalesced += 1
+                elif not pending:
+                    oldest = now
+                pending[topic] = (message.payload, now)
+                if load.behind:  # proof of life now, though applied only at the next flush
+                    note_seen(topic, now)
+            else:
+                t0 = time.perf_counter()
+                sample_topic = topic.rsplit("/", 1)[0] + "/sample"
+                if (queued := pending.pop(sample_topic, None)) is not None:
+                    apply(sample_topic, *queued)
+                apply(topic, message.payload, now)
+                load.add(time.perf_counter() - t0)
+            if pending and ((len(queue) == 0 and not load.behind) or now - oldest >= hold
+                            or len(pending) >= MAX_PENDING):
+                t0 = time.perf_counter()
+                items = list(pending.items())
+                pending.clear()
+                for i, (t, (payload, rx)) in enumerate(items, 1):
+                    apply(t, payload, rx)
+                    if i % FLUSH_CHUNK == 0:  # let the socket be read meanwhile
+                        await asyncio.sleep(0)
+                took = time.perf_counter() - t0
+                load.add(took)
+                hold = max(self.max_delay_s, took if load.behind else 0.0)
+
+    def _note_error(self, exc: BaseException, *, lost: bool) -> None:
+        msg = describe_error(exc)
+        self._errors += 1
+        self._last_error, self._last_error_at = msg, self.clock()
+        if lost:
+            log.warning("fleet: connection to %s lost: %s; reconnecting", self.settings.url, msg)
+        elif msg != self._last_logged:  # the same failure every few seconds is logged once
+            log.error("fleet: cannot connect to %s: %s; retrying with backoff", self.settings.url, msg)
+        else:
+            log.debug("fleet: still cannot connect to %s: %s", self.settings.url, msg)
+        self._last_logged = msg
+
+
+@contextlib.asynccontextmanager
+async def subscribed(settings: MqttSettings, state: FleetState, **kw):
+    """`async with subscribed(settings, state) as sub:` runs a FleetSubscriber for the block."""
+    sub = FleetSubscriber(settings, state, **kw)
+    task = asyncio.create_task(sub.run(), name="nvmon.fleet.subscriber")
+    try:
+        yield sub
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

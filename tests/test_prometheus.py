@@ -1,0 +1,676 @@
+"""The Prometheus endpoint: metric names, types, labels and values against the sample they come
+from, the text format as prometheus_client parses it, the HTTP server's behaviour with bad clients,
+and a real `nvmon daemon --sim ... --prometheus` scraped over HTTP while it keeps sampling."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from samplefactory import healthy_sample, with_gpu, with_ib, with_link, with_pcie
+
+from nvmon.audit import RULES, audit
+from nvmon.export.catalog import GPU_LABELS, METRICS, SCOPE_LABELS, exported_names
+from nvmon.export.prometheus import DaemonHealth, PrometheusExporter, advance
+from nvmon.export.server import ListenError, MetricsServer, parse_listen
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARD = REPO / "docs" / "grafana" / "nvmon.json"
+DOC = REPO / "docs" / "prometheus.md"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Page(dict):
+    """Family name → family, as prometheus_client's parser sees the page; `.samples` indexes the
+    samples by name."""
+
+    def __init__(self, text: str):
+        super().__init__((f.name, f) for f in text_string_to_metric_families(text))
+        self.samples: dict[str, list] = {}
+        for fam in self.values():
+            for s in fam.samples:
+                self.samples.setdefault(s.name, []).append(s)
+
+
+def parse(text: str) -> Page:
+    return Page(text)
+
+
+def family(fams: Page, name: str):
+    """The family of a catalogue name: the parser files nvmon's `X_total` counters as family X."""
+    return fams.get(name) or fams.get(name.removesuffix("_total"))
+
+
+def series(fams: Page, name: str) -> list:
+    """The samples of one metric. The parser renames a counter `X` without `_total` (dcgm-exporter's)
+    to samples `X_total` (its OpenMetrics convention), so both spellings are looked up."""
+    got = fams.samples.get(name) or fams.samples.get(name + "_total")
+    assert got, f"{name} not exported"
+    return got
+
+
+def value(fams: dict, name: str, **labels: str) -> float:
+    hits = [s.value for s in series(fams, name) if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(hits) == 1, f"{name}{labels}: {len(hits)} series"
+    return hits[0]
+
+
+def render(sample, **kw) -> str:
+    ex = PrometheusExporter("127.0.0.1:0", **kw)
+    ex.update(sample)
+    return ex.page()[0].decode()
+
+
+# ---------------------------------------------------------------- names, types, labels, values
+
+
+def test_catalog_names_follow_prometheus_and_dcgm_conventions():
+    for m in METRICS.values():
+        assert re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", m.name), m.name
+        assert m.type in ("gauge", "counter", "summary")
+        if m.name.startswith("nvmon_"):
+            assert m.name.endswith("_total") == (m.type == "counter"), m.name  # OpenMetrics style
+        else:
+            assert m.name.startswith("DCGM_FI_"), m.name  # everything else is dcgm-exporter's name
+
+
+def full_page() -> str:
+    """A page with every family: a throttle reason active, a broker configured, rendered twice."""
+    s = with_gpu(healthy_sample(), 1, throttle_reasons=("sw_power_cap",))
+    ex = PrometheusExporter("127.0.0.1:0", health=lambda: DaemonHealth(ticks=5, sample_seconds_total=0.05,
+                                                                     mqtt_connected=True, mqtt_published=4))
+    ex.update(s)
+    ex.page()
+    ex.update(replace(s, ts=s.ts + 1))
+    return ex.page()[0].decode()
+
+
+def test_every_family_is_typed_as_the_catalog_says_and_parses():
+    text = full_page()
+    fams = parse(text)
+    for m in METRICS.values():
+        fam = family(fams, m.name)
+        assert fam is not None, m.name
+        assert fam.type == m.type, m.name
+        assert fam.documentation == m.help
+        for sample in fam.samples:  # the scope's label set plus the metric's own labels, nothing else
+            assert set(sample.labels) == set(SCOPE_LABELS[m.scope]) | set(m.labels), (m.name, sample.labels)
+    # dcgm-exporter's counters carry no `_total`, on the TYPE line and on the samples alike
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in text
+    assert re.search(r"^DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION\{", text, re.M)
+    assert "# TYPE nvmon_nvlink_tx_bytes_total counter\n" in text
+    assert "process_cpu_seconds_total" in fams["process_cpu_seconds"].samples[0].name
+
+
+def test_gpu_metrics_carry_dcgm_exporters_labels_and_values():
+    s = with_gpu(healthy_sample(), 2, power_w=512.5, temperature_c=71.0, energy_j=1234.5678,
+                 throttle_reasons=("sw_power_cap", "hw_slowdown"))
+    s = with_pcie(s, 3, width=8, replay_errors=17)
+    fams = parse(render(s))
+    power = series(fams, "DCGM_FI_DEV_POWER_USAGE")
+    assert len(power) == 8
+    g = s.gpus[2]
+    labels = next(x.labels for x in power if x.labels["gpu"] == "2")
+    assert list(labels) == list(GPU_LABELS)  # and in dcgm-exporter's order
+    assert labels == {"gpu": "2", "UUID": g.uuid, "pci_bus_id": g.pci_bus_id, "device": "nvidia2",
+                      "modelName": g.name, "Hostname": s.node}
+    assert value(fams, "DCGM_FI_DEV_POWER_USAGE", gpu="2") == 512.5
+    assert value(fams, "DCGM_FI_DEV_GPU_TEMP", gpu="2") == 71.0
+    assert value(fams, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="2") == 1234568  # mJ
+    assert value(fams, "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", gpu="2") == 700
+    assert value(fams, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu="2") == 0x4 | 0x8
+    assert value(fams, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", gpu="2") == 0x4 | 0x8
+    assert {x.labels["reason"] for x in series(fams, "nvmon_gpu_clocks_event_reason")} == {"sw_power_cap",
+                                                                                          "hw_slowdown"}
+    assert value(fams, "DCGM_FI_DEV_PCIE_LINK_WIDTH", gpu="3") == 8
+    assert value(fams, "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", gpu="3") == 16
+    assert value(fams, "DCGM_FI_DEV_PCIE_LINK_GEN", gpu="3") == 5
+    assert value(fams, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", gpu="3") == 17
+    assert value(fams, "DCGM_FI_PROF_PCIE_TX_BYTES", gpu="0") == 5e9
+    assert value(fams, "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", gpu="0") == 5e9 / 1024
+
+
+def test_nvlink_metrics_per_gpu_and_per_link():
+    s = with_link(healthy_sample(), 1, 7, active=False, tx_bytes_per_s=0.0, rx_bytes_per_s=0.0)
+    s = with_link(s, 4, 2, errors={"crc_flit": 3, "crc_data": 1, "replay": 5, "recovery": None})
+    fams = parse(render(s))
+    assert len(series(fams, "nvmon_nvlink_up")) == 144
+    assert value(fams, "nvmon_nvlink_up", gpu="1", link="7") == 0
+    assert sum(x.value for x in series(fams, "nvmon_nvlink_up")) == 143
+    assert value(fams, "nvmon_gpu_nvlink_active_links", gpu="1") == 17
+    assert value(fams, "nvmon_gpu_nvlink_min_speed_bytes_per_second", gpu="0") == 26562e6
+    assert value(fams, "nvmon_nvlink_errors_total", gpu="4", link="2") == 9  # all kinds together
+    assert value(fams, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", gpu="4") == 3
+    assert value(fams, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", gpu="4") == 5
+    assert value(fams, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", gpu="4") == 0  # other links' zeros
+    assert value(fams, "DCGM_FI_PROF_NVLINK_TX_BYTES", gpu="0") == 18 * 20e9
+    assert value(fams, "DCGM_FI_PROF_NVLINK_TX_BYTES", gpu="1") == 17 * 20e9
+    # DCGM's "bandwidth total": tx + rx in MiB/s
+    assert value(fams, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == pytest.approx(2 * 18 * 20e9 / 2**20)
+    per_link = next(x for x in series(fams, "nvmon_nvlink_up") if x.labels["link"] == "0")
+    assert set(per_link.labels) == {"gpu", "UUID", "Hostname", "link"}
+
+
+def test_byte_counters_integrate_rates_and_stay_monotonic():
+    s0 = replace(healthy_sample(), interval_s=0.0)  # first tick: no rates yet
+    snap = advance(None, s0)
+    assert snap.nvlink_bytes[0][0] == (0.0, 0.0)
+    s1 = replace(healthy_sample(), interval_s=0.5)
+    snap = advance(snap, s1)
+    assert snap.nvlink_bytes[0][0] == (10e9, 10e9)  # 20 GB/s for half a second
+    assert snap.ib_bytes[("mlx5_0", 1)] == (5e9, 5e9)
+    s2 = with_link(replace(healthy_sample(), interval_s=1.0), 0, 0, tx_bytes_per_s=None)  # counter reset
+    snap = advance(snap, s2)
+    assert snap.nvlink_bytes[0][0] == (10e9, 30e9)
+    fams = parse(exposition_of(snap))
+    assert value(fams, "nvmon_nvlink_tx_bytes_total", gpu="0", link="0") == 10e9
+    assert value(fams, "nvmon_ib_port_rx_bytes_total", device="mlx5_0", port="1") == 15e9
+
+
+def exposition_of(snap) -> str:
+    ex = PrometheusExporter("127.0.0.1:0", process_metrics=False)
+    ex._snapshot = snap
+    return ex.page()[0].decode()
+
+
+def test_infiniband_pci_topology_and_audit():
+    s = with_ib(healthy_sample(), 2, state="DOWN", phys_state="Polling", tx_bytes_per_s=0.0)
+    s = with_ib(s, 5, rate_gbps=200.0)
+    fams = parse(render(s))
+    assert value(fams, "nvmon_ib_port_up", device="mlx5_2", port="1") == 0
+    assert value(fams, "nvmon_ib_port_up", device="mlx5_0", port="1") == 1
+    assert value(fams, "nvmon_ib_port_state", device="mlx5_2", state="DOWN", phys_state="Polling") == 1
+    assert value(fams, "nvmon_ib_port_rate_bytes_per_second", device="mlx5_5") == 200e9 / 8
+    assert len(series(fams, "nvmon_ib_port_errors_total")) == 8 * 5
+    assert value(fams, "nvmon_pcie_link_width", kind="hca", device="mlx5_1") == 16
+    assert len([x for x in series(fams, "nvmon_pcie_link_gen") if x.labels["kind"] == "nvswitch"]) == 4
+    assert value(fams, "nvmon_topology_class", **{"class": "nvswitch"}) == 1
+    assert value(fams, "nvmon_topology_class", **{"class": "pairs"}) == 0
+    assert value(fams, "nvmon_topology_nvlink_pairs") == 28
+    assert len(series(fams, "nvmon_topology_pair_nvlinks")) == 28
+    assert value(fams, "nvmon_topology_pair_nvlinks", gpu="0", peer_gpu="7") == 18
+    report = audit(s)
+    for code, severity in RULES.items():
+        n = sum(1 for f in report.findings if f.code == code)
+        assert value(fams, "nvmon_audit_findings", code=code, severity=severity) == n
+    assert value(fams, "nvmon_audit_findings", code="ib.port_down") == 1
+    assert value(fams, "nvmon_audit_verdict", verdict=report.verdict) == 1
+
+
+def test_pairs_board_topology():
+    fams = parse(render(healthy_sample(name="NVIDIA H100 PCIe")))
+    assert value(fams, "nvmon_topology_class", **{"class": "pairs"}) == 1
+    assert value(fams, "nvmon_topology_nvlink_pairs") == 4
+    assert value(fams, "nvmon_topology_pair_nvlinks", gpu="0", peer_gpu="1") == 12
+    assert value(fams, "nvmon_topology_pair_nvlinks", gpu="0", peer_gpu="2") == 0
+
+
+def test_unknown_values_are_absent_not_zero_and_hostile_strings_are_escaped():
+    s = with_gpu(healthy_sample(), 0, temperature_c=None, throttle_reasons=None,
+                 name='Evil "GPU" \\ with\nnewline')
+    s = replace(s, node="n1")
+    text = render(s)
+    fams = parse(text)
+    assert [x.labels["gpu"] for x in series(fams, "DCGM_FI_DEV_GPU_TEMP")] == [str(i) for i in range(1, 8)]
+    assert "0" not in {x.labels["gpu"] for x in series(fams, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")}
+    assert value(fams, "DCGM_FI_DEV_POWER_USAGE", gpu="0") == s.gpus[0].power_w  # the rest of the GPU is there
+    assert next(x.labels["modelName"] for x in series(fams, "DCGM_FI_DEV_POWER_USAGE")
+                if x.labels["gpu"] == "0") == 'Evil "GPU" \\ with\nnewline'
+
+
+def test_lost_gpu_and_no_driver():
+    s = with_gpu(healthy_sample(), 6, lost=True, power_w=None, nvlink=(), throttle_reasons=None)
+    fams = parse(render(s))
+    assert value(fams, "nvmon_gpu_lost", gpu="6") == 1
+    assert value(fams, "nvmon_gpu_lost", gpu="0") == 0
+    assert value(fams, "nvmon_audit_findings", code="gpu.lost") == 1
+    fams = parse(render(healthy_sample(nvml_available=False)))
+    assert value(fams, "nvmon_nvml_up") == 0
+    assert "DCGM_FI_DEV_POWER_USAGE" not in fams
+    assert value(fams, "nvmon_ib_port_up", device="mlx5_0") == 1  # InfiniBand without a driver
+    assert value(fams, "nvmon_audit_verdict", verdict="unknown") == 1
+
+
+def test_rendered_once_per_sample_with_the_audit_inside(monkeypatch):
+    import nvmon.export.collector as collector
+
+    audits = []
+    monkeypatch.setattr(collector, "audit", lambda *a, **k: audits.append(1) or audit(*a, **k))
+    ex = PrometheusExporter("127.0.0.1:0")
+    assert ex.page() is None  # no sample yet
+    s = healthy_sample()
+    ex.update(s)
+    first = ex.page()[0]
+    for _ in range(20):
+        assert ex.page()[0] is first  # the same bytes object: a copy to the socket, no rendering
+    body, gz = ex.page(accept_gzip=True)
+    assert gz and gzip.decompress(body) == first
+    assert ex.collector.renders == 1 and len(audits) == 1
+    ex.update(replace(s, ts=s.ts + 1))
+    assert ex.page()[0] is not first
+    assert ex.collector.renders == 2 and len(audits) == 2
+
+
+def test_renders_ahead_while_scraped_every_tick():
+    ex = PrometheusExporter("127.0.0.1:0")
+    ex.start()
+    try:
+        s = healthy_sample()
+        for k in range(3):  # a Prometheus scraping once per sample
+            ex.update(replace(s, ts=s.ts + k))
+            ex.page()
+        renders = ex.collector.renders
+        ex.update(replace(s, ts=s.ts + 3))  # the render thread renders without waiting for a scrape
+        deadline = time.monotonic() + 5
+        while ex.collector.renders == renders and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ex.collector.renders == renders + 1
+        ex.page()
+        assert ex.collector.renders == renders + 1
+    finally:
+        ex.stop()
+
+
+# ---------------------------------------------------------------- the HTTP server
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("0.0.0.0:9400", ("0.0.0.0", 9400)), ("127.0.0.1:0", ("127.0.0.1", 0)), (":9400", ("0.0.0.0", 9400)),
+    ("[::]:9400", ("::", 9400)), ("[::1]:9401", ("::1", 9401)), ("localhost:9400", ("localhost", 9400)),
+])
+def test_parse_listen(text, expected):
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9400", "0.0.0.0", "host:port", "0.0.0.0:99999", "::1:9400", "a b:1", ""])
+def test_parse_listen_rejects(text):
+    with pytest.raises(ValueError):
+        parse_listen(text)
+
+
+def test_config_flag_and_file(tmp_path):
+    from nvmon.daemon.config import ConfigError, load_config
+
+    cfg = tmp_path / "n.toml"
+    cfg.write_text('[prometheus]\nlisten = "127.0.0.1:9401"\n')
+    assert load_config(cfg).prometheus.listen == "127.0.0.1:9401"
+    assert load_config(cfg, {"prometheus": "[::]:9402"}).prometheus.listen == "[::]:9402"
+    assert load_config(cfg, {"prometheus": ""}).prometheus.listen is None  # '' switches it off
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg, {"prometheus": "9400"})
+    assert str(e.value).startswith("--prometheus: must be HOST:PORT") and "\n" not in str(e.value)
+    cfg.write_text('[prometheus]\nlisten = "nope"\n')
+    with pytest.raises(ConfigError, match=r"n\.toml: prometheus\.listen: must be HOST:PORT"):
+        load_config(cfg)
+
+
+def http(port: int, path: str = "/metrics", method: str = "GET", headers: dict | None = None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+@pytest.fixture
+def served():
+    ex = PrometheusExporter(f"127.0.0.1:{free_port()}")
+    ex.start()
+    yield ex
+    ex.stop()
+
+
+def test_http_get_head_404_and_not_ready(served):
+    port = served.server.port
+    assert http(port)[0] == 503  # no sample yet
+    served.update(healthy_sample())
+    status, headers, body = http(port)
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert int(headers["Content-Length"]) == len(body) and b"DCGM_FI_DEV_POWER_USAGE" in body
+    assert http(port, "/metrics?name[]=x")[2] == body
+    status, headers, head_body = http(port, method="HEAD")
+    assert status == 200 and head_body == b"" and int(headers["Content-Length"]) == len(body)
+    assert http(port, "/nope")[0] == 404 and http(port, "/metrics/x")[0] == 404
+    assert http(port, "/")[0] == 200
+    assert http(port, method="POST")[0] == 501
+    # over loopback the answer is plain even when gzip is asked for: compressing costs CPU for nothing
+    assert "Content-Encoding" not in http(port, headers={"Accept-Encoding": "gzip"})[1]
+
+
+def test_loopback_detection():
+    from nvmon.export.server import _is_loopback
+
+    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("::ffff:127.0.0.1")
+    assert not _is_loopback("10.1.2.3") and not _is_loopback("fe80::1%eth0")
+
+
+def test_bind_errors_are_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ListenError, match="address already in use"):
+            MetricsServer(f"127.0.0.1:{port}", lambda gz: None, content_type="text/plain").start()
+    with pytest.raises(ListenError, match="cannot resolve"):
+        MetricsServer("no-such-host.invalid:9400", lambda gz: None, content_type="text/plain").start()
+    with pytest.raises(ListenError, match="not an address of this machine"):
+        MetricsServer("192.0.2.1:9400", lambda gz: None, content_type="text/plain").start()
+
+
+def test_silent_and_slow_clients_are_dropped_and_others_served():
+    server = MetricsServer(f"127.0.0.1:{free_port()}", lambda gz: (b"ok\n", False), content_type="text/plain",
+                           timeout_s=0.5, max_connections=4)
+    server.start()
+    try:
+        silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        partial = socket.create_connection(("127.0.0.1", server.port))
+        partial.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        over = socket.create_connection(("127.0.0.1", server.port))  # 5th: past max_connections
+        over.settimeout(5)
+        assert over.recv(100) == b""  # closed at once
+        time.sleep(1.0)  # past timeout_s: the silent ones are gone
+        for s in silent + [partial]:
+            s.settimeout(5)
+            assert s.recv(100) == b""  # closed, without an answer to a request never completed
+            s.close()
+        assert http(server.port)[2] == b"ok\n"
+        assert server.rejected == 1
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------- docs and dashboard
+
+PROMQL_WORDS = {
+    "sum", "avg", "min", "max", "count", "by", "without", "on", "ignoring", "group_left", "group_right", "and",
+    "or", "unless", "rate", "irate", "increase", "delta", "deriv", "topk", "bottomk", "time", "offset",
+    "max_over_time", "min_over_time", "avg_over_time", "changes", "resets", "abs", "clamp_min", "clamp_max",
+    "label_replace", "vector", "scalar", "bool", "count_values", "quantile", "sort", "sort_desc", "absent",
+    "last_over_time", "round", "inf", "nan", "e",
+}
+
+
+def query_metrics(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers outside {...}, [...] and "...", that are not
+    functions, keywords, label lists of by/without/on/group_*, or Grafana variables."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expr)
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    expr = re.sub(r"\$\{?\w+\}?", "", expr)
+    names = set(re.findall(r"(?<![\w.:])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])(?!\s*\()", expr))
+    return {n for n in names if n.lower() not in PROMQL_WORDS}
+
+
+def dashboard_queries() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("expr"), str):
+                out.append(node["expr"])
+            if node.get("type") == "query" and isinstance(node.get("query"), (str, dict)):
+                q = node["query"]
+                out.append(q if isinstance(q, str) else q.get("query", ""))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(dash)
+    return out
+
+
+def test_query_parser_finds_metric_names():
+    assert query_metrics('sum by (Hostname) (rate(nvmon_nvlink_tx_bytes_total{Hostname=~"$node"}[5m]))') == {
+        "nvmon_nvlink_tx_bytes_total"}
+    assert query_metrics("DCGM_FI_DEV_PCIE_LINK_WIDTH < on(UUID) DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH") == {
+        "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"}
+    assert query_metrics("label_values(nvmon_node_info, Hostname)") == {"nvmon_node_info", "Hostname"}
+
+
+def test_dashboard_queries_name_only_exported_metrics():
+    dash = json.loads(DASHBOARD.read_text())
+    assert dash["title"] and dash["panels"]
+    queries = dashboard_queries()
+    assert len(queries) >= 15
+    page = parse(full_page())  # names in the catalogue, and on a real page
+    exported = {n for n in exported_names()
+                if n in page.samples or n + "_total" in page.samples or family(page, n) is not None}
+    used = set()
+    for q in queries:
+        names = query_metrics(q) - {"Hostname", "gpu", "UUID", "link", "device", "port", "cluster", "rack"}
+        assert names, q
+        assert names <= exported, f"{q}: {names - exported} not exported"
+        used |= names
+    # the dashboard covers the three views the issue asks for, on both name families
+    assert any(n.startswith("DCGM_") for n in used) and any(n.startswith("nvmon_") for n in used)
+    titles = {p["title"].lower() for p in dash["panels"] if p.get("type") == "row"}
+    assert {"fleet overview", "node drill-down", "interconnect health"} <= titles
+
+
+def test_docs_list_every_metric():
+    doc = DOC.read_text()
+    for name in METRICS:
+        assert f"`{name}`" in doc, name
+
+
+# ---------------------------------------------------------------- a real daemon
+
+
+class Daemon:
+    def __init__(self, tmp: Path, sim: str, interval: float = 0.25):
+        self.port = free_port()
+        self.db = tmp / "nvmon.db"
+        self.log = tmp / "daemon.log"
+        self.args = [sys.executable, "-m", "nvmon", "daemon", "--config", str(tmp / "none.toml"), "--sim", sim,
+                     "--broker", "", "--db", str(self.db), "--node", "prom-1", "--cluster", "t",
+                     "--interval", str(interval), "--prometheus", f"127.0.0.1:{self.port}", "--log-level", "info"]
+        (tmp / "none.toml").write_text("[expect]\ngpus = 8\n")
+        self._out = open(self.log, "wb")
+        self.proc = subprocess.Popen(self.args, stdout=self._out, stderr=self._out)
+
+    def scrape(self) -> str:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, _, body = http(self.port)
+                if status == 200:
+                    return body.decode()
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"no /metrics: {self.log.read_text()}")
+            time.sleep(0.1)
+
+    def ticks(self) -> int:
+        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT count(*) FROM ticks").fetchone()[0]
+        finally:
+            con.close()
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        rc = self.proc.wait(10)
+        self._out.close()
+        return rc
+
+
+SIM = "hgx-h100,nvlink_down=2.5,pcie_width=3:8,ib_down=mlx5_2,power_cap=4,nvlink_errors=1.3,ib_errors=mlx5_3"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("prom"), SIM)
+    d.scrape()
+    yield d
+    if d.proc.poll() is None:
+        d.stop()
+
+
+def test_scrape_a_running_daemon_matches_nvmon_sample(daemon, tmp_path):
+    ref = json.loads(subprocess.run([sys.executable, "-m", "nvmon", "sample", "--sim", SIM, "--json", "--node",
+                                     "prom-1", "--interval", "0.2"], capture_output=True, text=True,
+                                    timeout=60, check=True).stdout)
+    time.sleep(0.6)  # a few ticks, so rates and the audit have a previous reading
+    fams = parse(daemon.scrape())
+    power = series(fams, "DCGM_FI_DEV_POWER_USAGE")
+    assert len(power) == len(ref["gpus"]) == 8
+    for g in ref["gpus"]:
+        i = str(g["index"])
+        labels = next(x.labels for x in power if x.labels["gpu"] == i)
+        assert labels == {"gpu": i, "UUID": g["uuid"], "pci_bus_id": g["pci_bus_id"], "device": f"nvidia{i}",
+                          "modelName": g["name"], "Hostname": "prom-1"}
+        assert value(fams, "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", gpu=i) == g["power_limit_w"]
+        for key, name in (("width", "LINK_WIDTH"), ("max_width", "MAX_LINK_WIDTH"), ("max_gen", "MAX_LINK_GEN")):
+            assert value(fams, f"DCGM_FI_DEV_PCIE_{name}", gpu=i) == g["pcie"][key]
+        assert value(fams, "nvmon_gpu_nvlink_active_links", gpu=i) == sum(ln["active"] for ln in g["nvlink"])
+    assert value(fams, "DCGM_FI_DEV_PCIE_LINK_WIDTH", gpu="3") == 8
+    assert value(fams, "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", gpu="4") < 700  # power_cap
+    up = series(fams, "nvmon_nvlink_up")
+    assert len(up) == 144 and [(x.labels["gpu"], x.labels["link"]) for x in up if x.value == 0] == [("2", "5")]
+    for p in ref["ib"]:
+        assert value(fams, "nvmon_ib_port_up", device=p["device"], port=str(p["port"])) == (p["state"] == "ACTIVE")
+        assert value(fams, "nvmon_ib_port_state", device=p["device"], state=p["state"],
+                     phys_state=p["phys_state"]) == 1
+    assert value(fams, "nvmon_ib_port_up", device="mlx5_2", port="1") == 0
+    assert value(fams, "nvmon_topology_class", **{"class": ref["topology"]["class"]}) == 1
+    for code in ("nvlink.link_down", "pcie.width", "ib.port_down", "power.limit"):
+        assert value(fams, "nvmon_audit_findings", code=code) >= 1, code
+    assert value(fams, "nvmon_audit_verdict", verdict="critical") == 1
+    assert value(fams, "nvmon_node_info", cluster="t", rack="") == 1
+    assert value(fams, "nvmon_daemon_ticks_total") >= 2
+    assert value(fams, "nvmon_daemon_sample_duration_seconds_count") == value(fams, "nvmon_daemon_ticks_total")
+    assert value(fams, "nvmon_daemon_sample_duration_seconds_sum") > 0
+    assert series(fams, "process_resident_memory_bytes")[0].value > 0
+
+
+def test_bad_scrapes_leave_sampling_untouched(daemon):
+    port = daemon.port
+    before = daemon.ticks()
+    t0 = time.monotonic()
+    assert http(port, method="HEAD")[2] == b"" and http(port, "/favicon.ico")[0] == 404
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]  # connect, send nothing
+    slow = socket.create_connection(("127.0.0.1", port))
+    slow.sendall(b"GET /metr")  # and stop mid-line
+    unread = socket.create_connection(("127.0.0.1", port))
+    unread.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 50)  # and never read the answers
+    with ThreadPoolExecutor(100) as pool:
+        results = list(pool.map(lambda _: http(port), range(100)))
+    assert all(status == 200 for status, _, _ in results)
+    for _, _, body in results[:3]:
+        assert "DCGM_FI_DEV_POWER_USAGE" in parse(body.decode())
+    time.sleep(1.5)
+    for s in idle + [slow, unread]:
+        s.close()
+    elapsed = time.monotonic() - t0
+    ticks = daemon.ticks() - before
+    assert ticks >= elapsed / 0.25 * 0.6, f"{ticks} ticks in {elapsed:.1f} s"
+    fams = parse(daemon.scrape())
+    assert value(fams, "nvmon_daemon_missed_ticks_total") <= 2
+    assert value(fams, "nvmon_daemon_sample_errors_total") == 0
+    log = daemon.log.read_text()
+    assert "Traceback" not in log and " ERROR" not in log, log
+
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
+                                    reason="promtool not installed (apt install prometheus)")
+needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None,
+                                      reason="prometheus not installed (apt install prometheus)")
+
+
+@needs_promtool
+def test_promtool_lints_only_dcgm_exporters_own_choices():
+    r = subprocess.run(["promtool", "check", "metrics"], input=full_page(), capture_output=True, text=True,
+                       timeout=60)
+    problems = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    # camelCase labels (UUID, modelName, Hostname) and counters without _total are dcgm-exporter's
+    others = [ln for ln in problems if "camelCase" not in ln and not ln.startswith("DCGM_FI_")]
+    assert not others, others
+
+
+@needs_prometheus
+def test_dashboard_queries_run_on_a_real_prometheus(daemon, tmp_path):
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: nvmon\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{daemon.port}']\n")
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(expr: str) -> dict:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            return json.load(e)
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until rates have two points in a 5 s window
+            try:
+                if query("count(rate(nvmon_nvlink_tx_bytes_total[5s]))")["data"]["result"]:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "Prometheus never scraped the daemon"
+            time.sleep(0.5)
+        meta = query("up")  # and the metadata Prometheus keeps: dcgm-exporter's counters stay counters
+        assert meta["data"]["result"][0]["value"][1] == "1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/metadata", timeout=10) as r:
+            types = {k: v[0]["type"] for k, v in json.load(r)["data"].items()}
+        assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
+        assert types["nvmon_nvlink_tx_bytes_total"] == "counter" and types["DCGM_FI_DEV_POWER_USAGE"] == "gauge"
+        empty = []
+        for expr in dashboard_queries():
+            if expr.startswith("label_values("):  # a Grafana function, not PromQL
+                continue
+            e = re.sub(r"\$\{?(node|gpu|cluster)\}?", ".*", expr.replace("$__rate_interval", "5s"))
+            r = query(e)
+            assert r["status"] == "success", (expr, r.get("error"))
+            if not r["data"]["result"]:
+                unfiltered = re.sub(r"\s*(>|==)\s*[01]\s*$", "", e)  # "errors rising", "links down": may be none
+                if unfiltered == e or not query(unfiltered)["data"]["result"]:
+                    empty.append(expr)
+        # no broker in this daemon, and no HCA or NVSwitch downtrained in its simulated board
+        assert all("mqtt" in e or "nvmon_pcie_link_width" in e for e in empty), empty
+    finally:
+        prom.terminate()
+        prom.wait(10)
+
+
+def test_port_taken_is_one_line_and_stop_releases_the_port(daemon, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "nvmon", "daemon", "--sim", "hgx-h100", "--broker", "", "--db",
+                        str(tmp_path / "x.db"), "--prometheus", f"127.0.0.1:{daemon.port}"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "prometheus.listen" in r.stderr and "address already in use" in r.stderr
+    assert daemon.stop() == 0
+    with socket.socket() as s:  # released: another daemon may take it at once
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", daemon.port))
