@@ -16,6 +16,15 @@ from nvmon.sim.fakenvml import load_sim_pynvml
 from nvmon.sim.scenario import Scenario, parse_scenario
 
 
+def _remove_orphans(base: Path) -> None:
+    """Trees left by simulated nodes whose process died without close() (kill -9): the owner's pid
+    is in the directory name, so a tree whose process is gone can be removed."""
+    for d in base.glob("nvmon-sim-*-*"):
+        pid = d.name.split("-")[2]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class SimNode:
     """`nvml` is a pynvml module backed by the board; `sysfs_root` a fake /sys; call `sync()` before
     each sysfs read so files show the board's state at that moment."""
@@ -36,7 +45,8 @@ class SimNode:
             # tmpfs when there is one: the tree is rewritten every tick, and disk file systems
             # make that cost ~1 ms a tick (measured on ext4), tmpfs ~0.1 ms.
             shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-            root = Path(tempfile.mkdtemp(prefix="nvmon-sim-", dir=shm))
+            _remove_orphans(Path(shm or tempfile.gettempdir()))
+            root = Path(tempfile.mkdtemp(prefix=f"nvmon-sim-{os.getpid()}-", dir=shm))
         self.sysfs_root = Path(root)
         self._last_state: dict[int, tuple] = {}
         self._write_tree()
