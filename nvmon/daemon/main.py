@@ -257,6 +257,22 @@ class Daemon:
                 sdnotify.watchdog()
             await asyncio.sleep(period / 2)
 
+    async def _publisher_loop(self) -> None:
+        """Run the publisher; on stop, cancel it until it is really done. On Python 3.11 a cancel
+        that lands while aiomqtt's asyncio.wait_for completes can be swallowed (CPython gh-86296),
+        which would leave SIGTERM hanging: so the cancel is repeated, for at most 1.5 s."""
+        task = asyncio.create_task(self.publisher.run(self.wire_q, self.inventory), name="publisher.run")
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            deadline = asyncio.get_running_loop().time() + 1.5
+            while not task.done() and asyncio.get_running_loop().time() < deadline:
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.1)
+            if not task.done():
+                log.error("MQTT publisher did not stop within 1.5 s; exiting without it")
+            raise
+
     async def _wait_stop(self) -> None:
         await self._stop.wait()
         raise _Stop()
@@ -313,7 +329,7 @@ class Daemon:
                 tg.create_task(self._maintain_loop(), name="maintain")
                 tg.create_task(self._watchdog_loop(), name="watchdog")
                 if self.publisher is not None:
-                    tg.create_task(self.publisher.run(self.wire_q, self.inventory), name="publisher")
+                    tg.create_task(self._publisher_loop(), name="publisher")
                 tg.create_task(self._wait_stop(), name="stop")
         except* _Stop:
             pass
