@@ -105,6 +105,50 @@ async def test_cancel_publishes_offline_and_disconnects_within_a_second(tmp_path
             assert offline.reason == "stopped"
 
 
+@pytest.mark.parametrize("where", ["connect", "publish"])
+async def test_a_cancel_swallowed_by_aiomqtt_still_stops_the_publisher(tmp_path, monkeypatch, where):
+    """Python 3.11's asyncio.wait_for (inside aiomqtt) can return normally when the caller is
+    cancelled just as the awaited reply lands (CPython gh-86296). Simulated here: the cancel
+    arrives during connect (which then fails) or during a publish (which then succeeds)."""
+    import aiomqtt
+    entered = asyncio.Event()
+    real_enter, real_publish = aiomqtt.Client.__aenter__, aiomqtt.Client.publish
+
+    async def swallow(then):
+        entered.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass  # what the buggy wait_for does: the result wins over the cancel
+        return await then()
+
+    async def enter(self):
+        if where == "connect":
+            return await swallow(lambda: _raise(aiomqtt.MqttError("Connection refused: not authorised")))
+        return await real_enter(self)
+
+    async def publish(self, topic, payload=None, **kw):
+        if where == "publish" and topic.endswith("/sample"):
+            return await swallow(lambda: real_publish(self, topic, payload, **kw))
+        return await real_publish(self, topic, payload, **kw)
+
+    monkeypatch.setattr(aiomqtt.Client, "__aenter__", enter)
+    monkeypatch.setattr(aiomqtt.Client, "publish", publish)
+    with Broker(tmp_path) as broker:
+        pub = publisher(broker.url)
+        async with running(pub) as (task, _):
+            await asyncio.wait_for(entered.wait(), 5)
+            t0 = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 3)
+            assert time.monotonic() - t0 < 2.0
+
+
+async def _raise(exc):
+    raise exc
+
+
 async def test_will_marks_node_offline_when_the_process_dies(tmp_path):
     script = """
 import asyncio, sys

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from nvmon import __version__
-from nvmon.fleet.aio import raise_if_cancelled
+from nvmon.aio import raise_if_cancelled
 from nvmon.fleet.simboards import Board, NodeIdentity
 from nvmon.sim.profiles import PROFILES
 from nvmon.sim.scenario import SimSpecError, parse_scenario

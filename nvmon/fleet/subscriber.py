@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from nvmon.fleet.aio import raise_if_cancelled
+from nvmon.aio import raise_if_cancelled
 from nvmon.fleet.state import FleetState
 from nvmon.wire.contract import subscription
 from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client

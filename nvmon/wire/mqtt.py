@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError  # not re-exported by aiomqtt 2.x; a negative CONNACK
 
+from nvmon.aio import raise_if_cancelled
 from nvmon.model import Sample
 from nvmon.wire.contract import DELIVERY, Alert, WireError, topic, valid_name
 from nvmon.wire.payloads import alerts_payload, layout_id, sample_payload, status_payload
@@ -277,6 +278,7 @@ class Publisher:
                 log.exception("MQTT %s: unexpected error; reconnecting", self.settings.url)
                 self._errors += 1
                 self._last_error = describe_error(e)
+            raise_if_cancelled()  # a cancel aiomqtt swallowed while connecting must still stop us
             if self._connects != was_connected:
                 attempt = 0  # it worked for a while: retry quickly before backing off again
             await asyncio.sleep(self.backoff.delay(attempt))
@@ -301,12 +303,14 @@ class Publisher:
         client = make_client(self.settings, client_id=self.client_id, will=(self.topics["status"], will))
         await client.__aenter__()  # explicit enter/exit: the exit must be bounded when stopping
         try:
+            raise_if_cancelled()  # a cancel swallowed by the connect: say goodbye and stop
             self._client = client
             self._connects += 1
             self._last_logged = None
             log.info("MQTT %s: connected as %s", self.settings.url, self.settings.client_id or self.client_id)
             await self._announce(client)
             while True:
+                raise_if_cancelled()  # aiomqtt on 3.11 can swallow a cancel in publish
                 await self._wake.wait()
                 self._wake.clear()
                 sample, self._latest = self._latest, None

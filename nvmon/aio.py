@@ -1,4 +1,4 @@
-"""asyncio helpers for the fleet side."""
+"""asyncio helpers shared by the publisher, the subscriber and the simulated fleet."""
 
 from __future__ import annotations
 
