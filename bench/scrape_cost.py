@@ -12,9 +12,10 @@ Runs `nvmon daemon --sim hgx-h100 --prometheus 0.0.0.0:<free port>` at 1 Hz with
 
 and reports, per scraping phase, the latency (request sent → whole body received: p50, p99, max;
 target p99 <= 10 ms) and the daemon's CPU (psutil, user+system, % of one core) against idle
-(target <= 0.5 % of a core added). The first scrape of each phase comes after a pause, so it
-renders the page itself instead of finding it rendered; it is reported on its own line, since a
-Prometheus scraping every second never pauses.
+(target <= 0.5 % of a core added). The first two scrapes of a phase come after a pause: the page
+is rendered ahead of scrapes only once two scrapes have shown their cadence, so these two render it
+themselves. They are reported apart ("after a pause"), since a Prometheus scraping every second
+pauses only when the daemon restarts.
 
 Alternating short phases (rather than one long phase of each) spreads the noise of a shared
 machine over all three. The simulated driver's work runs inside the daemon, the same in all phases.
@@ -96,7 +97,7 @@ def scrape_for(host: str, port: int, seconds: float, phase: Phase) -> None:
     conn = http.client.HTTPConnection(host, port, timeout=5)
     next_t = time.monotonic()
     end = next_t + seconds
-    first = True
+    n = 0
     while next_t < end:
         t0 = time.perf_counter()
         conn.request("GET", "/metrics", headers=HEADERS)
@@ -106,8 +107,8 @@ def scrape_for(host: str, port: int, seconds: float, phase: Phase) -> None:
         if r.status != 200 or not body:
             raise SystemExit(f"scrape failed: {r.status}")
         phase.encodings.add(r.getheader("Content-Encoding") or "identity")
-        (phase.first if first else phase.latencies).append(took)
-        first = False
+        (phase.first if n < 2 else phase.latencies).append(took)
+        n += 1
         next_t += 1.0
         time.sleep(max(0.0, next_t - time.monotonic()))
     conn.close()
@@ -166,8 +167,8 @@ def main() -> None:
             enc = "/".join(sorted(ph.encodings))
             print(f"{ph.name:<12} {len(ms)} scrapes ({enc}): latency p50 {statistics.median(ms):.2f} ms, "
                   f"p99 {p99:.2f} ms, max {ms[-1]:.2f} ms; daemon CPU {cpu:.2f} % = +{cpu - base:.2f} % "
-                  f"over idle; first scrape after a pause {statistics.median(ph.first) * 1000:.1f} ms "
-                  f"(median of {len(ph.first)})")
+                  f"over idle; after a pause (2 per phase) median {statistics.median(ph.first) * 1000:.1f} ms, "
+                  f"max {max(ph.first) * 1000:.1f} ms")
         print("targets      p99 <= 10 ms, added CPU <= 0.5 % of one core")
     finally:
         daemon.send_signal(signal.SIGTERM)

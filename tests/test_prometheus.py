@@ -174,14 +174,17 @@ def test_nvlink_metrics_per_gpu_and_per_link():
 def test_byte_counters_integrate_rates_and_stay_monotonic():
     s0 = replace(healthy_sample(), interval_s=0.0)  # first tick: no rates yet
     snap = advance(None, s0)
-    assert snap.nvlink_bytes[0][0] == (0.0, 0.0)
+    assert snap.link_bytes(0, 0) == (0.0, 0.0)
     s1 = replace(healthy_sample(), interval_s=0.5)
     snap = advance(snap, s1)
-    assert snap.nvlink_bytes[0][0] == (10e9, 10e9)  # 20 GB/s for half a second
+    assert snap.link_bytes(0, 0) == (10e9, 10e9)  # 20 GB/s for half a second
     assert snap.ib_bytes[("mlx5_0", 1)] == (5e9, 5e9)
     s2 = with_link(replace(healthy_sample(), interval_s=1.0), 0, 0, tx_bytes_per_s=None)  # counter reset
     snap = advance(snap, s2)
-    assert snap.nvlink_bytes[0][0] == (10e9, 30e9)
+    assert snap.link_bytes(0, 0) == (10e9, 30e9)
+    assert snap.link_bytes(0, 17) == (30e9, 30e9)
+    fewer = with_gpu(replace(healthy_sample(), interval_s=1.0), 0, nvlink=healthy_sample().gpus[0].nvlink[1:])
+    assert advance(snap, fewer).link_bytes(0, 17) == (50e9, 50e9)  # counts follow the link id
     fams = parse(exposition_of(snap))
     assert value(fams, "nvmon_nvlink_tx_bytes_total", gpu="0", link="0") == 10e9
     assert value(fams, "nvmon_ib_port_rx_bytes_total", device="mlx5_0", port="1") == 15e9

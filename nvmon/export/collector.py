@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -61,29 +63,51 @@ class DaemonHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkBytes:
+    """A GPU's NVLink byte counters, in the order of its links."""
+
+    links: tuple[int, ...]  # link ids
+    tx: list[float]
+    rx: list[float]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """One sample plus the byte counters integrated from every sample up to it."""
 
     sample: Sample
-    nvlink_bytes: Mapping[int, Mapping[int, tuple[float, float]]]  # gpu index → link → (tx, rx) bytes
+    nvlink_bytes: Mapping[int, LinkBytes]  # gpu index → its links' (tx, rx) bytes
     ib_bytes: Mapping[tuple[str, int], tuple[float, float]]  # (device, port) → (tx, rx) bytes
+
+    def link_bytes(self, gpu: int, link: int) -> tuple[float, float]:
+        lb = self.nvlink_bytes[gpu]
+        k = lb.links.index(link)
+        return lb.tx[k], lb.rx[k]
 
 
 def advance(prev: Snapshot | None, sample: Sample) -> Snapshot:
     """The next snapshot: byte counters grow by rate × the sample's interval (rates unknown on a
     tick — first tick, counter reset — add nothing, so the counters stay monotonic)."""
     dt = sample.interval_s if sample.interval_s > 0 else 0.0
-    nv: dict[int, dict[int, tuple[float, float]]] = {}
+    nv: dict[int, LinkBytes] = {}
     before = prev.nvlink_bytes if prev is not None else {}
     for g in sample.gpus:
-        old = before.get(g.index, {})
-        per_link = nv[g.index] = {}
-        for link in g.nvlink:
-            tx, rx = old.get(link.link, (0.0, 0.0))
-            if dt:
-                tx += (link.tx_bytes_per_s or 0.0) * dt
-                rx += (link.rx_bytes_per_s or 0.0) * dt
-            per_link[link.link] = (tx, rx)
+        links = g.nvlink
+        ids = tuple(map(_LINK_ID, links))
+        old = before.get(g.index)
+        if old is not None and old.links == ids:
+            tx, rx = old.tx[:], old.rx[:]
+        else:  # first sample, or the GPU's links changed: carry counts over by link id
+            was = dict(zip(old.links, zip(old.tx, old.rx))) if old is not None else {}
+            tx = [was.get(i, (0.0, 0.0))[0] for i in ids]
+            rx = [was.get(i, (0.0, 0.0))[1] for i in ids]
+        if dt:
+            for k, link in enumerate(links):
+                if link.tx_bytes_per_s:
+                    tx[k] += link.tx_bytes_per_s * dt
+                if link.rx_bytes_per_s:
+                    rx[k] += link.rx_bytes_per_s * dt
+        nv[g.index] = LinkBytes(ids, tx, rx)
     for index, old in before.items():  # a GPU missing from this sample keeps its counts for later
         nv.setdefault(index, old)
     ib = dict(prev.ib_bytes) if prev is not None else {}
@@ -95,6 +119,60 @@ def advance(prev: Snapshot | None, sample: Sample) -> Snapshot:
             rx += (p.rx_bytes_per_s or 0.0) * dt
         ib[key] = (tx, rx)
     return Snapshot(sample, nv, ib)
+
+
+_LINK_ID = attrgetter("link")
+_ACTIVE = attrgetter("active")
+_SPEED = attrgetter("speed_mbps")
+_ERRORS = attrgetter("errors")
+_TX_RATE = attrgetter("tx_bytes_per_s")
+_RX_RATE = attrgetter("rx_bytes_per_s")
+_REPEAT_SAMPLE = repeat(PromSample)
+_REPEAT_TX = repeat("nvmon_nvlink_tx_bytes_total")
+_REPEAT_RX = repeat("nvmon_nvlink_rx_bytes_total")
+
+
+def _pads() -> list:
+    return [repeat(v) for v in _PAD]
+
+
+def _known_sum(values: Iterable[float | None]) -> float | None:
+    """Sum of the values that are known; None when none is."""
+    got = [v for v in values if v is not None]
+    return sum(got) if got else None
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkState:
+    """A GPU's rarely changing per-link facts, and the series built from them."""
+
+    lls: tuple[Labels, ...]
+    actives: list[bool | None]
+    speeds: list[int | None]
+    errors: list[dict[str, int | None]]
+    ups: list[PromSample]
+    errs: list[PromSample]
+    active: int
+    min_speed: float | None  # bytes/s
+    kinds: dict[str, int | None]  # per-GPU error sums by kind; None when unknown on every link
+
+    @classmethod
+    def build(cls, lls, actives, speeds, errors) -> _LinkState:
+        ups = [_new_sample(PromSample, ("nvmon_nvlink_up", ll, int(a)) + _PAD)
+               for ll, a in zip(lls, actives) if a is not None]
+        errs = []
+        kinds: dict[str, int | None] = dict.fromkeys(NVLINK_ERROR_KINDS)
+        for ll, errs_of_link in zip(lls, errors):
+            link_sum = None  # one counter per link, all kinds together; DCGM's totals split by kind
+            for kind, v in errs_of_link.items():
+                if v is not None:
+                    link_sum = (link_sum or 0) + v
+                    kinds[kind] = (kinds.get(kind) or 0) + v
+            if link_sum is not None:
+                errs.append(_new_sample(PromSample, ("nvmon_nvlink_errors_total", ll, link_sum) + _PAD))
+        active_speeds = [sp for a, sp in zip(actives, speeds) if a and sp is not None]
+        return cls(lls, actives, speeds, errors, ups, errs, sum(1 for a in actives if a),
+                   min(active_speeds) * 1_000_000 if active_speeds else None, kinds)
 
 
 class _Families:
@@ -140,6 +218,7 @@ class SampleCollector(Collector):
         self.render_cpu_seconds = 0.0  # CPU time of all renderings so far
         self.compress_cpu_seconds = 0.0  # and of their compressions (set by the exporter)
         self._link_labels: dict[int, tuple] = {}  # per GPU: (its labels, link ids, per-link label sets)
+        self._link_state: dict[int, _LinkState] = {}  # per GPU: link states and errors as last rendered
         self._bits = tuple((name, bit) for bit, name in THROTTLE_BITS)
         self._roots: dict[tuple, Labels] = {}  # label sets kept across renderings (see Labels)
 
@@ -217,11 +296,14 @@ class SampleCollector(Collector):
         self._nvlinks(f, snap, g, lab)
 
     def _nvlinks(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels) -> None:
-        """Per-link series and the per-GPU NVLink sums, in one pass over the links: the hot loop
-        (8 GPUs × 18 links, half the page). Per link a shorter label set: join on UUID for the rest.
-        Samples are built as plain tuples + `_PAD` (prometheus_client's Sample is a namedtuple)."""
+        """Per-link series and the per-GPU NVLink sums: the hot loop (8 GPUs × 18 links, half the
+        page). Per link a shorter label set: join on UUID for the rest.
+
+        Written for CPython's sake: the per-link work runs in `map`/`zip` (C) rather than in a
+        Python loop, and link states, speeds and error counters, which rarely change, are compared
+        with the previous rendering's as whole lists and their series reused when equal."""
         links = g.nvlink
-        ids = tuple(link.link for link in links)
+        ids = tuple(map(_LINK_ID, links))
         known = self._link_labels.get(g.index)
         if known is not None and known[0] is lab and known[1] == ids:
             lls = known[2]
@@ -229,46 +311,29 @@ class SampleCollector(Collector):
             short = self._root((("gpu", lab["gpu"]), ("UUID", lab["UUID"]), ("Hostname", lab["Hostname"])))
             lls = tuple(short.with_("link", str(i)) for i in ids)
             self._link_labels[g.index] = (lab, ids, lls)
-        totals = snap.nvlink_bytes.get(g.index, {})
+        actives, speeds, errors = list(map(_ACTIVE, links)), list(map(_SPEED, links)), list(map(_ERRORS, links))
+        prev = self._link_state.get(g.index)
+        if prev is None or prev.lls is not lls or prev.actives != actives or prev.speeds != speeds \
+                or prev.errors != errors:
+            prev = self._link_state[g.index] = _LinkState.build(lls, actives, speeds, errors)
         up_s, tx_s, rx_s, err_s = f.samples("nvmon_nvlink_up", "nvmon_nvlink_tx_bytes_total",
                                             "nvmon_nvlink_rx_bytes_total", "nvmon_nvlink_errors_total")
-        new = _new_sample
-        active = 0
-        tx = rx = min_speed = None
-        kinds = dict.fromkeys(NVLINK_ERROR_KINDS)  # per-GPU sum by kind; None until one is known
-        for link, ll in zip(links, lls):
-            a = link.active
-            if a is not None:
-                up_s.append(new(PromSample, ("nvmon_nvlink_up", ll, int(a)) + _PAD))
-                if a:
-                    active += 1
-                    if link.speed_mbps is not None and (min_speed is None or link.speed_mbps < min_speed):
-                        min_speed = link.speed_mbps
-            if link.tx_bytes_per_s is not None:
-                tx = (tx or 0.0) + link.tx_bytes_per_s
-            if link.rx_bytes_per_s is not None:
-                rx = (rx or 0.0) + link.rx_bytes_per_s
-            t = totals.get(link.link)
-            if t is not None:  # whole bytes: exact, and ints render faster than floats
-                tx_s.append(new(PromSample, ("nvmon_nvlink_tx_bytes_total", ll, int(t[0])) + _PAD))
-                rx_s.append(new(PromSample, ("nvmon_nvlink_rx_bytes_total", ll, int(t[1])) + _PAD))
-            # One error counter per link, all kinds together; DCGM's per-GPU totals split by kind.
-            link_sum = None
-            for kind, v in link.errors.items():
-                if v is not None:
-                    link_sum = (link_sum or 0) + v
-                    kinds[kind] = (kinds.get(kind) or 0) + v
-            if link_sum is not None:
-                err_s.append(new(PromSample, ("nvmon_nvlink_errors_total", ll, link_sum) + _PAD))
+        up_s.extend(prev.ups)
+        err_s.extend(prev.errs)
+        totals = snap.nvlink_bytes.get(g.index)
+        if totals is not None and totals.links == ids:  # whole bytes: exact, and ints render faster
+            tx_s.extend(map(_new_sample, _REPEAT_SAMPLE, zip(_REPEAT_TX, lls, map(int, totals.tx), *_pads())))
+            rx_s.extend(map(_new_sample, _REPEAT_SAMPLE, zip(_REPEAT_RX, lls, map(int, totals.rx), *_pads())))
         add = f.add
-        add("nvmon_gpu_nvlink_active_links", lab, active)
-        add("nvmon_gpu_nvlink_min_speed_bytes_per_second", lab, None if min_speed is None else min_speed * 1_000_000)
+        add("nvmon_gpu_nvlink_active_links", lab, prev.active)
+        add("nvmon_gpu_nvlink_min_speed_bytes_per_second", lab, prev.min_speed)
+        tx, rx = _known_sum(map(_TX_RATE, links)), _known_sum(map(_RX_RATE, links))
         add("DCGM_FI_PROF_NVLINK_TX_BYTES", lab, tx)
         add("DCGM_FI_PROF_NVLINK_RX_BYTES", lab, rx)
         if tx is not None or rx is not None:  # DCGM: tx+rx in MiB/s, typed counter (docs/prometheus.md)
             add("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", lab, ((tx or 0.0) + (rx or 0.0)) / 1048576)
         for kind, name in DCGM_NVLINK_ERRORS.items():
-            add(name, lab, kinds.get(kind))
+            add(name, lab, prev.kinds.get(kind))
 
     def _ib(self, f: _Families, snap: Snapshot, node: Labels) -> None:
         for p in snap.sample.ib:

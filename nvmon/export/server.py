@@ -65,7 +65,6 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive; every answer carries Content-Length
-    server_version = "nvmon"
     server: _Server
 
     def version_string(self) -> str:
@@ -116,7 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the standard library's signature
-        log.debug("http %s: %s", self.client_address[0], format % args)
+        if log.isEnabledFor(logging.DEBUG):  # every request passes here: no formatting unless shown
+            log.debug("http %s: %s", self.client_address[0], format % args)
 
 
 class _Server(ThreadingHTTPServer):
