@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import chain
 from typing import Any
 
 from nvmon.wire.contract import MAX_GPUS, MAX_LABELS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_TEXT, WireError
@@ -94,6 +95,17 @@ def ints(v: object, path: str, lo: int, hi: int, limit: int, *, length: int | No
     if set(map(type, v)) <= {int} and (not v or (lo <= min(v) and max(v) <= hi)):
         return tuple(v)
     return tuple(integer(x, f"{path}[{i}]", lo, hi) for i, x in enumerate(v))
+
+
+def int_rows(v: object, path: str, lo: int, hi: int, rows: int, limit: int) -> tuple[tuple, ...]:
+    """`rows` lists of at most `limit` integers (or nulls) in lo..hi, e.g. per-GPU link arrays.
+    All rows are checked at once in builtins when they are all plain ints (the common case)."""
+    v = array(v, path, rows, length=rows)
+    if all(type(r) is list and len(r) <= limit for r in v):
+        flat = list(chain.from_iterable(v))
+        if set(map(type, flat)) <= {int} and (not flat or (lo <= min(flat) and max(flat) <= hi)):
+            return tuple(map(tuple, v))
+    return tuple(ints(r, f"{path}[{i}]", lo, hi, limit) for i, r in enumerate(v))
 
 
 def nums(v: object, path: str, lo: float, hi: float, limit: int, *, length: int | None = None) -> tuple:

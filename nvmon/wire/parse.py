@@ -19,6 +19,7 @@ from nvmon.wire.checks import (
     MAX_RATE,
     MAX_TS,
     array,
+    int_rows,
     integer,
     ints,
     labels,
@@ -209,8 +210,7 @@ def _tick(d: dict, cluster: str, node: str, ts: float) -> Tick:
         col[k] = r.ints(k, int(MAX_RATE))
     col["ls"] = r.ints("ls", 10**7)
     for k in ("lt", "lr"):
-        col[k] = tuple(ints(v, f"{k}[{i}]", 0, LINK_PCT_MAX, MAX_LINKS)
-                       for i, v in enumerate(array(d.get(k), k, MAX_GPUS, length=r.n)))
+        col[k] = int_rows(d.get(k), k, 0, LINK_PCT_MAX, r.n, MAX_LINKS)
     lengths = {g: len(col["lt"][i]) for g, i in r.pos.items()}
     if any(len(col["lr"][i]) != len(col["lt"][i]) for i in range(r.n)):
         raise WireError("lt/lr: a GPU's tx and rx arrays differ in length")
