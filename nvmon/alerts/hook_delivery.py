@@ -1,0 +1,204 @@
+"""One configured hook delivering one batch, once: run a program, or POST JSON over HTTP.
+
+Retries, queues and grouping live in `hook_dispatch`; this module only knows how to send and how
+to describe a failure in one line (with every secret redacted) and whether retrying can help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from time import time
+from typing import Any
+
+import httpx
+
+from nvmon import __version__
+from nvmon.alerts.hook_payloads import alertmanager_payload, json_payload, pagerduty_event, slack_message
+from nvmon.alerts.hooks import HookConfig, HookConfigError, read_secret, redact, show_target
+from nvmon.alerts.model import AlertRecord
+
+USER_AGENT = f"nvmon/{__version__}"
+MAX_RETRY_AFTER_S = 120.0
+
+
+class DeliveryError(Exception):
+    """A failed delivery: `str()` is one line without secrets. `retryable` is False where sending
+    the same thing again cannot help (HTTP 4xx, a missing program); `retry_after` is the
+    server's Retry-After, if it gave one."""
+
+    def __init__(self, message: str, *, retryable: bool = True, retry_after: float | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def make_client() -> httpx.AsyncClient:
+    """The HTTP client hooks share: no redirects (a redirect must not carry a token elsewhere),
+    proxies from the environment (HTTPS_PROXY, NO_PROXY) as operators expect."""
+    # httpx logs every request's full URL at INFO, and a Slack or webhook URL is a secret: keep
+    # those loggers quiet unless someone configured them on purpose.
+    for name in ("httpx", "httpcore"):
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
+    return httpx.AsyncClient(follow_redirects=False, headers={"User-Agent": USER_AGENT},
+                             limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+class Hook:
+    """A configured hook. `deliver()` sends one batch once and returns a short result ("HTTP 202",
+    "exit 0"), or raises DeliveryError."""
+
+    def __init__(self, config: HookConfig, *, environ: Mapping[str, str] | None = None):
+        if config.name is None:
+            raise ValueError("hook configs must be named: pass them through check_hooks()")
+        self.config = config
+        self.name: str = config.name
+        self._environ = environ
+        # Everything that must never be shown: the secrets read so far, and URLs (their paths
+        # often are tokens). Redaction uses them all, also after a secret file changed.
+        self._hidden: list[str] = [u for u in (config.url,) if u]
+
+    @property
+    def target(self) -> str:
+        """Where it delivers, safe to show: the program, or `scheme://host/…`."""
+        if self.config.type == "exec":
+            return self.config.command[0] if self.config.command else "?"
+        return show_target(self.config.target_url)
+
+    @property
+    def one_alert_per_delivery(self) -> bool:
+        """PagerDuty's API takes one event per request: its batches are split into single alerts."""
+        return self.config.type == "pagerduty"
+
+    def redact(self, text: str) -> str:
+        return redact(text, self._hidden)
+
+    def secret(self) -> str | None:
+        """The current secret (re-read every time, so rotation needs no restart). Raises
+        HookConfigError; remembers the value for redaction."""
+        value = read_secret(self.config, self._environ)
+        if value is not None and value not in self._hidden:
+            self._hidden.append(value)
+        return value
+
+    async def deliver(self, client: httpx.AsyncClient, status: str, labels: dict[str, str],
+                      records: list[AlertRecord], grouped: bool) -> str:
+        try:
+            secret = self.secret()
+        except HookConfigError as e:
+            raise DeliveryError(str(e)) from None
+        cfg = self.config
+        if cfg.type == "exec":
+            body = json.dumps(json_payload(status, labels, records, grouped)).encode() + b"\n"
+            return await self._exec(body, status, secret)
+        if cfg.type == "pagerduty":
+            result = ""
+            for rec in records:
+                result = await self._post(client, cfg.target_url, pagerduty_event(secret, rec, cfg.external_url))
+            return result
+        if cfg.type == "slack":
+            url = secret or cfg.url
+            return await self._post(client, url, slack_message(status, labels, records, cfg.external_url))
+        if cfg.type == "alertmanager":
+            body = alertmanager_payload(self.name, status, labels, records, cfg.external_url)
+        else:
+            body = json_payload(status, labels, records, grouped)
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        return await self._post(client, cfg.url, body, headers)
+
+    async def _post(self, client: httpx.AsyncClient, url: str | None, body: dict[str, Any],
+                    extra_headers: dict[str, str] | None = None) -> str:
+        assert url is not None  # guaranteed by HookConfig's per-type checks
+        t = self.config.timeout_s
+        headers = {"Content-Type": "application/json", **self.config.headers, **(extra_headers or {})}
+        data = json.dumps(body, ensure_ascii=False).encode()
+        try:
+            # httpx's timeout is per read/write; the outer one bounds a server that drips bytes.
+            async with asyncio.timeout(t):
+                resp = await client.post(url, content=data, headers=headers, timeout=t)
+        except TimeoutError:
+            raise DeliveryError(f"timed out after {t:g} s") from None
+        except httpx.TimeoutException:
+            raise DeliveryError(f"timed out after {t:g} s") from None
+        except httpx.HTTPError as e:
+            detail = str(e) or type(e).__name__
+            raise DeliveryError(self.redact(f"{type(e).__name__}: {detail}")) from None
+        code = resp.status_code
+        if 200 <= code < 300:
+            return f"HTTP {code}"
+        text = resp.text.strip()[:200]
+        if 300 <= code < 400:
+            msg = f"HTTP {code} {resp.reason_phrase}: redirects are not followed; configure the final URL"
+        else:
+            msg = f"HTTP {code} {resp.reason_phrase}" + (f": {text}" if text else "")
+        retryable = code >= 500 or code in (408, 425, 429)
+        raise DeliveryError(self.redact(msg), retryable=retryable,
+                            retry_after=_retry_after(resp.headers.get("Retry-After")) if retryable else None)
+
+    async def _exec(self, stdin: bytes, status: str, secret: str | None) -> str:
+        argv = list(self.config.command or ())
+        prog = os.path.basename(argv[0])
+        env = dict(os.environ if self._environ is None else self._environ)
+        env.update(NVMON_HOOK_NAME=self.name, NVMON_ALERT_STATUS=status)
+        env.pop("NVMON_HOOK_SECRET", None)
+        if secret:
+            env["NVMON_HOOK_SECRET"] = secret
+        try:
+            # A list of arguments, no shell: alert text reaches the program only on stdin.
+            # Its own session, so that a timeout kills whatever it started too.
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        except FileNotFoundError:
+            raise DeliveryError(f"{argv[0]}: no such program", retryable=False) from None
+        except PermissionError:
+            raise DeliveryError(f"{argv[0]}: permission denied (is it executable?)", retryable=False) from None
+        except OSError as e:
+            raise DeliveryError(self.redact(f"{argv[0]}: {e.strerror or e}")) from None
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                _, err = await proc.communicate(stdin)
+        except TimeoutError:
+            await _kill(proc)
+            raise DeliveryError(f"{prog}: killed after the {self.config.timeout_s:g} s timeout") from None
+        except BaseException:  # cancelled (daemon stopping): leave no orphan behind
+            await _kill(proc)
+            raise
+        rc = proc.returncode
+        if rc == 0:
+            return "exit 0"
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        tail = f": {lines[-1][:200]}" if lines else ""
+        how = f"killed by signal {-rc}" if rc is not None and rc < 0 else f"exited {rc}"
+        raise DeliveryError(self.redact(f"{prog} {how}{tail}"))
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(Exception):
+        await asyncio.shield(proc.wait())

@@ -1,0 +1,291 @@
+"""`HookDispatcher`: the rule engine's notifier. It takes alert transitions and delivers them to
+every configured hook, without ever blocking or failing the caller.
+
+One asyncio worker per hook, fed by its own bounded queue: a slow or failing hook delays only
+itself (a full queue drops that hook's newest alerts, counted and logged once per episode).
+Per hook: filters (`on`, `min_severity`), grouping (`group_wait_s` / `group_by`: alerts of one
+status and group that arrive within the wait go out as one notification), a repeat interval for
+alerts still firing, retries with exponential backoff and jitter (a server's Retry-After wins),
+and statistics.
+
+Wiring (daemon or fleet aggregator):
+
+    dispatcher = HookDispatcher(cfg.hooks)          # cfg.hooks: validated HookConfig tuple
+    for problem in dispatcher.check():              # missing secret files etc., one line each
+        log.warning(problem)
+    tg.create_task(dispatcher.run(), name="hooks")  # stops when cancelled
+    engine = ...(notifier=dispatcher)               # dispatcher.submit(records) on transitions
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from nvmon.aio import raise_if_cancelled
+from nvmon.alerts.hook_delivery import DeliveryError, Hook, make_client
+from nvmon.alerts.hook_payloads import group_labels
+from nvmon.alerts.hooks import HOOK_STATUSES, HookConfig, HookConfigError, check_hooks
+from nvmon.alerts.model import AlertRecord
+from nvmon.wire.mqtt import Backoff
+
+log = logging.getLogger("nvmon.hooks")
+
+DEFAULT_QUEUE_SIZE = 1000
+MAX_TRACKED_FIRING = 10_000  # alerts remembered per hook for repeat_interval_s
+HOOK_BACKOFF = Backoff(initial_s=1.0, max_s=60.0)
+
+
+@dataclass(frozen=True, slots=True)
+class HookStats:
+    """One hook's counters since start. Counts are alert notifications (one alert's firing or
+    resolved to this hook), so a grouped notification of three alerts counts three."""
+
+    name: str
+    type: str
+    target: str  # safe to show: the program, or scheme://host/…
+    sent: int
+    failed: int  # gave up after the retries
+    dropped: int  # never attempted: the hook's queue was full
+    queued: int  # waiting in the queue now
+    last_error: str | None  # one line, secrets redacted
+    last_sent_at: float | None  # unix seconds of the last successful delivery
+
+
+@dataclass(slots=True)
+class _Batch:
+    status: str
+    labels: dict[str, str]
+    records: dict[str, AlertRecord]  # fingerprint → newest record
+    grouped: bool
+    deadline: float = 0.0  # loop time it is due
+
+
+@dataclass(slots=True)
+class _Firing:
+    record: AlertRecord
+    group: tuple[str, ...]  # its group_by values
+    next_repeat: float  # loop time; inf without repeat_interval_s
+
+
+class _Worker:
+    """Delivers one hook's notifications, one at a time, in order."""
+
+    def __init__(self, hook: Hook, queue_size: int, backoff: Backoff):
+        self.hook = hook
+        self.cfg: HookConfig = hook.config
+        self.queue: asyncio.Queue[AlertRecord] = asyncio.Queue(maxsize=queue_size)
+        self.backoff = backoff
+        self.sent = self.failed = self.dropped = 0
+        self.last_error: str | None = None
+        self.last_sent_at: float | None = None
+        self._overflowing = False
+        self._ready: deque[_Batch] = deque()
+        self._groups: dict[tuple, _Batch] = {}
+        self._firing: dict[str, _Firing] = {}
+
+    # -- intake (called from submit: must not block or raise) --
+
+    def offer(self, rec: AlertRecord) -> None:
+        if rec.status not in HOOK_STATUSES or not self.cfg.wants_severity(rec.severity):
+            return
+        try:
+            self.queue.put_nowait(rec)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if not self._overflowing:
+                self._overflowing = True
+                log.warning("hook %s: queue full (%d), dropping alerts until it drains (%d dropped so far)",
+                            self.hook.name, self.queue.maxsize, self.dropped)
+
+    def _accept(self, rec: AlertRecord, now: float) -> None:
+        cfg = self.cfg
+        fp = rec.fingerprint
+        labels = group_labels(rec, cfg.group_by)
+        if rec.status == "firing":
+            if fp in self._firing or len(self._firing) < MAX_TRACKED_FIRING:
+                repeat = now + cfg.group_wait_s + cfg.repeat_interval_s if cfg.repeat_interval_s > 0 else math.inf
+                self._firing[fp] = _Firing(rec, tuple(labels.values()), repeat)
+        else:
+            self._firing.pop(fp, None)
+        if rec.status not in cfg.on:
+            return
+        if cfg.group_wait_s <= 0:
+            self._ready.append(_Batch(rec.status, labels, {fp: rec}, grouped=False))
+            return
+        key = (rec.status, tuple(labels.values()))
+        batch = self._groups.get(key)
+        if batch is None:
+            batch = self._groups[key] = _Batch(rec.status, labels, {}, grouped=True, deadline=now + cfg.group_wait_s)
+        batch.records[fp] = rec
+
+    # -- scheduling --
+
+    def _next_due(self, now: float) -> float | None:
+        """Seconds until something is due (0: now), None if nothing is scheduled."""
+        if self._ready:
+            return 0.0
+        times = [b.deadline for b in self._groups.values()]
+        if self._firing and "firing" in self.cfg.on and self.cfg.repeat_interval_s > 0:
+            times.append(min(f.next_repeat for f in self._firing.values()))
+        return max(0.0, min(times) - now) if times else None
+
+    def _due(self, now: float) -> list[_Batch]:
+        out = list(self._ready)
+        self._ready.clear()
+        for key, batch in list(self._groups.items()):
+            if batch.deadline <= now:
+                out.append(batch)
+                del self._groups[key]
+        cfg = self.cfg
+        if self._firing and "firing" in cfg.on and cfg.repeat_interval_s > 0:
+            repeats: dict[tuple, _Batch] = {}
+            for fp, f in self._firing.items():
+                if f.next_repeat > now:
+                    continue
+                f.next_repeat = now + cfg.repeat_interval_s
+                labels = dict(zip(cfg.group_by, f.group, strict=True))
+                if cfg.group_wait_s <= 0:
+                    out.append(_Batch("firing", labels, {fp: f.record}, grouped=False))
+                    continue
+                repeats.setdefault(f.group, _Batch("firing", labels, {}, grouped=True)).records[fp] = f.record
+            out.extend(repeats.values())
+        return out
+
+    # -- the loop --
+
+    async def run(self, client: httpx.AsyncClient) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                delay = self._next_due(loop.time())
+                rec: AlertRecord | None = None
+                try:
+                    async with asyncio.timeout(delay):
+                        rec = await self.queue.get()
+                except TimeoutError:
+                    pass
+                raise_if_cancelled()
+                now = loop.time()
+                while rec is not None:
+                    self._accept(rec, now)
+                    rec = None if self.queue.empty() else self.queue.get_nowait()
+                self._overflowing = False
+                for batch in self._due(now):
+                    await self._deliver(client, batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must not stop this hook for good, nor the daemon
+                log.exception("hook %s: internal error; continuing", self.hook.name)
+                await asyncio.sleep(1.0)
+
+    async def _deliver(self, client: httpx.AsyncClient, batch: _Batch) -> None:
+        records = list(batch.records.values())
+        if self.cfg.type == "alertmanager":
+            # Alertmanager sends a group's whole state each time: every alert still firing in the
+            # group rides along, so receivers keyed on groupKey see the full set.
+            group = tuple(batch.labels.values())
+            records += [f.record for fp, f in self._firing.items() if f.group == group and fp not in batch.records]
+        parts = [[r] for r in records] if self.hook.one_alert_per_delivery else [records]
+        for part in parts:
+            await self._send(client, batch, part, min(len(part), len(batch.records)))
+
+    async def _send(self, client: httpx.AsyncClient, batch: _Batch, records: list[AlertRecord], n: int) -> None:
+        """Deliver with retries; `n`: how many of `records` this batch is about (the stats' unit)."""
+        hook, retries = self.hook, self.cfg.retries
+        err: DeliveryError | None = None
+        for attempt in range(retries + 1):
+            try:
+                result = await hook.deliver(client, batch.status, batch.labels, records, batch.grouped)
+            except DeliveryError as e:
+                err = e
+            except Exception as e:  # a payload bug (e.g. a value that is not JSON-able): no retry
+                log.debug("hook %s: delivery raised", hook.name, exc_info=True)
+                err = DeliveryError(hook.redact(f"internal error: {type(e).__name__}: {e}"), retryable=False)
+            else:
+                self.sent += n
+                self.last_sent_at = time.time()
+                again = f" after {attempt + 1} attempts" if attempt else ""
+                log.info("hook %s: %d %s alert(s) delivered%s (%s)", hook.name, n, batch.status, again, result)
+                return
+            if not err.retryable or attempt == retries:
+                break
+            delay = err.retry_after if err.retry_after is not None else self.backoff.delay(attempt)
+            log.debug("hook %s: attempt %d failed: %s; next in %.1f s", hook.name, attempt + 1, err, delay)
+            await asyncio.sleep(delay)
+        self.failed += n
+        self.last_error = str(err)
+        log.warning("hook %s: %d %s alert(s) not delivered after %d attempt(s): %s", hook.name, n, batch.status,
+                    attempt + 1, err)
+
+    def stats(self) -> HookStats:
+        return HookStats(self.hook.name, self.cfg.type, self.hook.target, self.sent, self.failed, self.dropped,
+                         self.queue.qsize(), self.last_error, self.last_sent_at)
+
+
+class HookDispatcher:
+    """Delivers alert transitions to the configured hooks. `submit()` never blocks or raises;
+    `run()` does the work until cancelled (put it in the daemon's TaskGroup)."""
+
+    def __init__(self, hooks: Iterable[HookConfig], *, queue_size: int = DEFAULT_QUEUE_SIZE,
+                 backoff: Backoff = HOOK_BACKOFF, environ: Mapping[str, str] | None = None):
+        configs = check_hooks(tuple(hooks))  # names any unnamed hook; refuses duplicate names
+        self._workers = [_Worker(Hook(c, environ=environ), queue_size, backoff) for c in configs]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._submit_errors = 0
+
+    @property
+    def hooks(self) -> list[Hook]:
+        return [w.hook for w in self._workers]
+
+    def check(self) -> list[str]:
+        """Problems visible now (an unreadable secret file, an unset variable), one line each,
+        without secrets. Deliveries to such a hook fail (and are retried) until it is fixed."""
+        problems = []
+        for w in self._workers:
+            try:
+                w.hook.secret()
+            except HookConfigError as e:
+                problems.append(str(e))
+        return problems
+
+    def submit(self, records: list[AlertRecord]) -> None:
+        """Queue `records` (transitions; `pending` ones are ignored) for every hook that wants them.
+        Call from the event loop; from another thread it is handed over to the loop."""
+        try:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # not on a loop thread
+                if self._loop is not None and not self._loop.is_closed():
+                    self._loop.call_soon_threadsafe(self._offer, list(records))
+                    return
+            self._offer(records)
+        except Exception:  # never fail the caller (the rule engine's tick)
+            self._submit_errors += 1
+            if self._submit_errors == 1:
+                log.exception("hooks: could not queue alerts")
+
+    def _offer(self, records: Iterable[AlertRecord]) -> None:
+        for rec in records:
+            for w in self._workers:
+                w.offer(rec)
+
+    async def run(self) -> None:
+        """Deliver until cancelled. Returns at once when no hook is configured."""
+        self._loop = asyncio.get_running_loop()
+        if not self._workers:
+            return
+        log.info("hooks: %s", ", ".join(f"{w.hook.name} ({w.cfg.type} → {w.hook.target})" for w in self._workers))
+        async with make_client() as client, asyncio.TaskGroup() as tg:
+            for w in self._workers:
+                tg.create_task(w.run(client), name=f"hook-{w.hook.name}")
+
+    def stats(self) -> list[HookStats]:
+        return [w.stats() for w in self._workers]

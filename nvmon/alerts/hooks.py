@@ -1,0 +1,318 @@
+"""On-call hooks: their configuration (`[[hooks]]` in the TOML config) and their secrets.
+
+The parts of hook delivery, one module each:
+
+- here: `HookConfig` (one `[[hooks]]` entry), `check_hooks` (names, duplicates), `load_hooks`
+  (the `hooks` list of any nvmon TOML file, for `nvmon hooks test`), secrets and redaction;
+- `hook_payloads`: the JSON each type sends (pure functions of alert records);
+- `hook_delivery`: `Hook`, one configured hook able to deliver a batch once (exec or HTTP);
+- `hook_dispatch`: `HookDispatcher`, the engine's notifier: a worker per hook with a bounded
+  queue, retries, grouping, repeat interval and statistics;
+- `hooks_cli`: `nvmon hooks test`.
+
+Secrets (a PagerDuty routing key, a bearer token, a Slack webhook URL) come from `secret_file` or
+`secret_env`, are read at each delivery (so rotation needs no restart), and never appear in logs,
+errors or command output: every message leaving these modules goes through `redact()`, and hook
+targets are shown as `scheme://host/…` because webhook URLs carry tokens in their path.
+See docs/alerts.md, "Hooks".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+HOOK_TYPES = ("exec", "webhook", "alertmanager", "pagerduty", "slack")
+HOOK_STATUSES = ("firing", "resolved")
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+HEADER_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")  # RFC 9110 token
+# Alert keys a group may be split by (besides any extra label name).
+GROUP_KEYS = ("cluster", "rack", "node", "gpu", "link", "device", "port", "code", "severity")
+
+
+class HookConfigError(ValueError):
+    """A hook configuration or secret problem, already phrased as one line (no secret in it)."""
+
+
+class HookConfig(BaseModel):
+    """One `[[hooks]]` entry. Which keys apply depends on `type` (checked below)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["exec", "webhook", "alertmanager", "pagerduty", "slack"]
+    name: str | None = None  # shown in logs, stats and `nvmon hooks test`; default: the type (+ -N)
+    command: tuple[str, ...] | None = None  # exec: argv, run without a shell
+    url: str | None = None  # http(s) endpoint; pagerduty defaults to the Events API v2
+    timeout_s: float = Field(10.0, gt=0, le=300)
+    headers: dict[str, str] = Field(default_factory=dict)
+    secret_file: Path | None = None
+    secret_env: str | None = None
+    on: tuple[Literal["firing", "resolved"], ...] = HOOK_STATUSES
+    min_severity: Literal["info", "warning", "critical"] = "info"
+    group_wait_s: float = Field(0.0, ge=0, le=3600)  # 0: one notification per alert, at once
+    group_by: tuple[str, ...] = ("cluster", "node")
+    repeat_interval_s: float = Field(0.0, ge=0, le=7 * 86400)  # 0: never re-notify a still-firing alert
+    retries: int = Field(3, ge=0, le=10)
+    external_url: str | None = None  # a link for people (dashboard); Alertmanager externalURL, PD client_url
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError("use 1-64 characters from A-Z a-z 0-9 . _ -")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None:
+            if not v or not v[0]:
+                raise ValueError("must be a non-empty argv list, e.g. [\"/usr/local/bin/page\", \"--team\", \"gpu\"]")
+            if any("\0" in a for a in v):
+                raise ValueError("arguments must not contain NUL characters")
+        return v
+
+    @field_validator("url", "external_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_url(v)
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 32:
+            raise ValueError("at most 32 headers")
+        for k, val in v.items():
+            if not HEADER_RE.match(k):
+                raise ValueError(f"header name {k[:40]!r}: not a valid HTTP header name")
+            if any(c in val for c in "\r\n\0") or len(val) > 4096:
+                raise ValueError(f"header {k!r}: value must be one line of at most 4096 characters")
+        return v
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, v: str | None) -> str | None:
+        if v is not None and not ENV_RE.match(v):
+            raise ValueError("must be an environment variable name (A-Z a-z 0-9 _)")
+        return v
+
+    @field_validator("on")
+    @classmethod
+    def _on(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError('list at least one of "firing", "resolved"')
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("group_by")
+    @classmethod
+    def _group_by(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for k in v:
+            if not NAME_RE.match(k):
+                raise ValueError(f"{k[:40]!r}: not a label name ({', '.join(GROUP_KEYS)} or an extra label)")
+        return tuple(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _per_type(self) -> HookConfig:
+        t = self.type
+        has_secret = self.secret_file is not None or self.secret_env is not None
+        if self.secret_file is not None and self.secret_env is not None:
+            raise ValueError(f"{t} hook: give secret_file or secret_env, not both")
+        if t == "exec":
+            if self.command is None:
+                raise ValueError('exec hook needs command = ["/path/to/program", "arg", …]')
+            for key in ("url", "headers", "external_url"):
+                if getattr(self, key):
+                    raise ValueError(f"exec hook: {key} does not apply (it has command)")
+            return self
+        if self.command is not None:
+            raise ValueError(f"{t} hook: command applies to exec hooks only")
+        if t == "slack":
+            if (self.url is None) == (not has_secret):
+                raise ValueError("slack hook: give the incoming-webhook URL as url, or (better) "
+                                 "in secret_file / secret_env, not both")
+        elif t == "pagerduty":
+            if not has_secret:
+                raise ValueError("pagerduty hook needs the routing key in secret_file or secret_env")
+        elif self.url is None:
+            raise ValueError(f"{t} hook needs url")
+        if has_secret and t in ("webhook", "alertmanager"):
+            if any(k.lower() == "authorization" for k in self.headers):
+                raise ValueError(f"{t} hook: the secret is sent as 'Authorization: Bearer'; "
+                                 "drop the Authorization header or the secret")
+        return self
+
+    @property
+    def target_url(self) -> str | None:
+        """The configured endpoint (None for exec, and for slack when the URL is the secret)."""
+        if self.type == "pagerduty":
+            return self.url or PAGERDUTY_URL
+        return self.url
+
+    def wants_severity(self, severity: str) -> bool:
+        return SEVERITY_RANK.get(severity, 0) >= SEVERITY_RANK[self.min_severity]
+
+
+def check_url(url: str) -> None:
+    """http(s)://HOST[:PORT][/path]; ValueError with a reason that does not echo the URL
+    (its path or query may be a token)."""
+    try:
+        u = urlsplit(url)
+        u.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ValueError("not a valid URL") from None
+    if u.scheme not in ("http", "https"):
+        raise ValueError("must start with http:// or https://")
+    if not u.hostname:
+        raise ValueError("has no host")
+    if u.username is not None or u.password is not None:
+        raise ValueError("no credentials in the URL; put a token in secret_file or secret_env")
+    if any(c.isspace() for c in url):
+        raise ValueError("must not contain spaces")
+
+
+def show_target(url: str | None) -> str:
+    """`https://hooks.slack.com/…`: scheme and host only (paths and queries may hold tokens)."""
+    if not url:
+        return "(url from secret)"
+    try:
+        u = urlsplit(url)
+        host = u.hostname or "?"
+        port = f":{u.port}" if u.port else ""
+    except ValueError:
+        return "(url)"
+    host = f"[{host}]" if ":" in host else host
+    more = "/…" if (u.path not in ("", "/") or u.query) else ""
+    return f"{u.scheme}://{host}{port}{more}"
+
+
+def check_hooks(hooks: list[HookConfig] | tuple[HookConfig, ...]) -> tuple[HookConfig, ...]:
+    """Give unnamed hooks a name (`slack`, or `webhook-1`, `webhook-2` when a type repeats) and
+    refuse duplicate names. Used as a validator of the config's `hooks` list."""
+    if len(hooks) > 64:
+        raise ValueError("at most 64 hooks")
+    per_type: dict[str, int] = {}
+    for h in hooks:
+        per_type[h.type] = per_type.get(h.type, 0) + 1
+    seen: dict[str, int] = {}
+    named: list[HookConfig] = []
+    for h in hooks:
+        if h.name is None:
+            seen[h.type] = seen.get(h.type, 0) + 1
+            name = h.type if per_type[h.type] == 1 else f"{h.type}-{seen[h.type]}"
+            h = h.model_copy(update={"name": name})
+        named.append(h)
+    names = [h.name for h in named]
+    for n in names:
+        if names.count(n) > 1:
+            raise ValueError(f"two hooks are named {n!r}; give each a unique name")
+    return tuple(named)
+
+
+_HOOK_LIST = TypeAdapter(list[HookConfig])
+
+
+def _one_line(source: str, e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(["hooks", *(str(p) for p in err["loc"])])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "literal_error" and loc.endswith(".type"):
+        msg = f"must be one of {', '.join(HOOK_TYPES)}"
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def parse_hooks(data: Any, source: str = "config") -> tuple[HookConfig, ...]:
+    """Validate a `hooks` value (a list of tables). Raises HookConfigError (one line)."""
+    try:
+        return check_hooks(_HOOK_LIST.validate_python(data))
+    except ValidationError as e:
+        raise HookConfigError(_one_line(source, e)) from None
+    except ValueError as e:
+        raise HookConfigError(f"{source}: hooks: {e}") from None
+
+
+def load_hooks(path: Path) -> tuple[tuple[HookConfig, ...], dict[str, Any]]:
+    """The hooks of any nvmon TOML config (daemon or fleet) and its `[node]` table (loosely read,
+    for the test alert's labels). Raises HookConfigError (one line)."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise HookConfigError(f"{path}: no such file") from None
+    except PermissionError:
+        raise HookConfigError(f"{path}: permission denied") from None
+    except IsADirectoryError:
+        raise HookConfigError(f"{path}: is a directory") from None
+    except tomllib.TOMLDecodeError as e:
+        raise HookConfigError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise HookConfigError(f"{path}: not valid UTF-8") from None
+    raw = data.get("hooks", [])
+    if not isinstance(raw, list):
+        raise HookConfigError(f"{path}: hooks: must be a list of tables ([[hooks]])")
+    hooks = parse_hooks(raw, str(path))
+    node = data.get("node") if isinstance(data.get("node"), dict) else {}
+    return hooks, node
+
+
+def read_secret(hook: HookConfig, environ: Any = None) -> str | None:
+    """The hook's secret (file content or environment value, surrounding whitespace stripped), or
+    None if it has none. Raises HookConfigError naming the file or variable, never the value."""
+    env = os.environ if environ is None else environ
+    if hook.secret_file is not None:
+        where = f"hook {hook.name}: secret_file {hook.secret_file}"
+        try:
+            with open(hook.secret_file, encoding="utf-8") as f:
+                value = f.read(65536).strip()
+        except FileNotFoundError:
+            raise HookConfigError(f"{where}: no such file") from None
+        except PermissionError:
+            raise HookConfigError(f"{where}: permission denied") from None
+        except IsADirectoryError:
+            raise HookConfigError(f"{where}: is a directory") from None
+        except UnicodeDecodeError:
+            raise HookConfigError(f"{where}: not UTF-8 text") from None
+        except OSError as e:
+            raise HookConfigError(f"{where}: {e.strerror or type(e).__name__}") from None
+    elif hook.secret_env is not None:
+        where = f"hook {hook.name}: secret_env {hook.secret_env}"
+        value = (env.get(hook.secret_env) or "").strip()
+        if not value:
+            raise HookConfigError(f"{where}: not set")
+    else:
+        return None
+    if not value:
+        raise HookConfigError(f"{where}: is empty")
+    if any(c in value for c in "\r\n\0"):
+        raise HookConfigError(f"{where}: must be a single line")
+    if hook.type == "slack":
+        try:
+            check_url(value)
+        except ValueError as e:
+            raise HookConfigError(f"{where}: the Slack webhook URL {e}") from None
+    return value
+
+
+def redact(text: str, secrets: list[str] | tuple[str, ...]) -> str:
+    """`text` with every secret (and, for URL secrets, their path) replaced by `***`, on one line."""
+    for s in secrets:
+        if s:
+            text = text.replace(s, "***")
+            if "://" in s:
+                path = urlsplit(s).path
+                if len(path) > 1:
+                    text = text.replace(path, "/***")
+    return " ".join(text.split())
