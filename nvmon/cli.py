@@ -101,8 +101,9 @@ def cli() -> None:
     """nvmon — NVLink, PCIe, power and InfiniBand health of 8-GPU servers.
 
     \b
-    Start here:  nvmon sample --sim hgx-h100        (no GPU needed)
+    Start here:  nvmon demo                       (a simulated fleet + the TUI; no GPU, no broker)
     On a node:   nvmon sample    /    nvmon audit --expect-ib 8x400
+    Ops view:    nvmon tui --broker mqtt://broker:1883
     """
 
 
@@ -234,11 +235,21 @@ def profiles() -> None:
 
 def _register_subcommands() -> None:
     """Commands that live with their part of the package (store, fleet)."""
+    from nvmon.alerts.cli import alerts_command
+    from nvmon.alerts.hooks_cli import hooks_group
+    from nvmon.demo.cli import demo_command
     from nvmon.fleet.cli import sim_fleet_command
+    from nvmon.fleet.service import fleet_command
     from nvmon.store.cli import history_command
+    from nvmon.tui.cli import tui_command
 
+    cli.add_command(alerts_command)
+    cli.add_command(demo_command)
     cli.add_command(history_command)
+    cli.add_command(hooks_group)
+    cli.add_command(fleet_command)
     cli.add_command(sim_fleet_command)
+    cli.add_command(tui_command)
 
 
 _register_subcommands()

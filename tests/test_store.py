@@ -386,7 +386,7 @@ def test_a_future_timestamp_does_not_prune_real_history(store):
 
 
 def test_maintain_on_an_empty_store(store):
-    assert store.maintain(T0) == {"minutes": 0, "raw_pruned": 0, "rollups_pruned": 0}
+    assert store.maintain(T0) == {"minutes": 0, "raw_pruned": 0, "rollups_pruned": 0, "alerts_pruned": 0}
 
 
 def test_link_gap_in_a_sample_stays_a_gap(store):

@@ -194,17 +194,20 @@ SECTIONS = {
     "mqtt": {"broker", "username", "password_file", "ca_file", "cert_file", "key_file", "keepalive_s"},
     "expect": {"gpus", "ib", "topology"},
     "prometheus": {"listen"},
+    "alerts": {"enabled", "for_s", "clear_s", "startup_grace_s", "window_s", "min_count", "power_cap_pct",
+               "power_limit_pct", "temperature_c", "keep_resolved_d", "rules"},
 }
+HOOK_KEYS = {"type", "command", "secret_file", "min_severity", "group_wait_s"}
 
 
 def uncommented(text: str) -> str:
-    """The example with every commented-out `# key = value` line switched on."""
-    return re.sub(r"^# (\w+ = )", r"\1", text, flags=re.MULTILINE)
+    """The example with every commented-out `# key = value` line and `# [table]` header switched on."""
+    return re.sub(r"^# (\w+ = |\[\[?[\w.\"]+\]\]?)", r"\1", text, flags=re.MULTILINE)
 
 
 def test_example_config_parses_with_the_documented_sections():
     data = tomllib.loads(EXAMPLE_CONFIG.read_text())
-    assert set(data) == set(SECTIONS)
+    assert set(data) == set(SECTIONS)  # [[hooks]] are all commented out: nobody is paged by default
     # Inside StateDirectory=, the only place ProtectSystem=strict leaves writable.
     assert data["store"]["path"].startswith("/var/lib/nvmon/")
     assert data["node"]["labels"] == {"role": "train", "pool": "a"}
@@ -212,7 +215,10 @@ def test_example_config_parses_with_the_documented_sections():
 
 def test_example_config_documents_every_key():
     data = tomllib.loads(uncommented(EXAMPLE_CONFIG.read_text()))
+    hooks = data.pop("hooks")
     assert {s: set(keys) for s, keys in data.items()} == SECTIONS
+    assert [h["type"] for h in hooks] == ["exec", "pagerduty", "slack"]
+    assert set().union(*hooks) == HOOK_KEYS
 
 
 def test_example_config_loads_with_the_daemons_loader(tmp_path):
@@ -226,8 +232,56 @@ def test_example_config_loads_with_the_daemons_loader(tmp_path):
     assert full.expect.gpus == 8 and full.sampling.sim == "hgx-h100"
     assert str(full.mqtt.password_file) == "/etc/nvmon/mqtt.password"
     assert plain.prometheus.listen is None and full.prometheus.listen == "0.0.0.0:9400"
+    assert not plain.hooks and [h.type for h in full.hooks] == ["exec", "pagerduty", "slack"]
+    assert full.alerts.rules["pcie.gen"].for_s == 300 and full.alerts.for_s == plain.alerts.for_s == 30
 
 
 def test_unit_points_at_the_example_config_location():
     assert "--config /etc/nvmon/nvmon.toml" in values("ExecStart")[0]
     assert tomllib.loads(EXAMPLE_CONFIG.read_text())["store"]["path"] == "/var/lib/nvmon/nvmon.db"
+
+
+# --- The fleet evaluator's unit (nvmon fleet) -------------------------------------------------------
+FLEET_UNIT = REPO / "systemd" / "nvmon-fleet.service"
+
+
+def fleet_values(key: str) -> list[str]:
+    return [v for _, k, v in unit_directives(FLEET_UNIT.read_text()) if k == key]
+
+
+@pytest.fixture
+def fleet_unit_copy(tmp_path) -> Path:
+    text = FLEET_UNIT.read_text()
+    assert f"ExecStart={SHIPPED_EXEC} " in text
+    copy = tmp_path / FLEET_UNIT.name
+    copy.write_text(text.replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={nvmon_executable()} ", 1))
+    return copy
+
+
+@needs_analyze
+def test_fleet_unit_verifies_without_any_warning(fleet_unit_copy):
+    r = analyze("verify", "--man=no", str(fleet_unit_copy))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (r.stdout + r.stderr).strip() == ""
+
+
+@needs_analyze
+def test_fleet_unit_security_exposure_at_most_4(fleet_unit_copy):
+    level, report = exposure(fleet_unit_copy)
+    assert level <= MAX_EXPOSURE, report
+
+
+def test_fleet_service_contract():
+    """What `nvmon fleet` relies on: its command line, the state directory for fleet.db (the
+    default --db), a clean stop within TimeoutStopSec, and no GPU devices."""
+    assert fleet_values("ExecStart") == [f"{SHIPPED_EXEC} fleet --config /etc/nvmon/fleet.toml"]
+    assert fleet_values("Type") == ["exec"]
+    assert fleet_values("Restart") == ["on-failure"] and fleet_values("TimeoutStopSec") == ["5"]
+    assert fleet_values("User") == ["nvmon"] and fleet_values("StateDirectory") == ["nvmon"]
+    assert fleet_values("PrivateDevices") == ["yes"] and not fleet_values("DeviceAllow")
+    assert fleet_values("CapabilityBoundingSet") == [""]
+    from nvmon.fleet.rules import FleetSettings
+    from nvmon.fleet.service import DEFAULT_CONFIG
+
+    assert str(DEFAULT_CONFIG) == "/etc/nvmon/fleet.toml"
+    assert str(FleetSettings().db).startswith("/var/lib/nvmon/")

@@ -20,6 +20,7 @@ Wiring (daemon or fleet aggregator):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -87,6 +88,8 @@ class _Worker:
         self.last_error: str | None = None
         self.last_sent_at: float | None = None
         self._overflowing = False
+        self.draining = False  # stopping: deliver grouped alerts now instead of at their deadline
+        self.delivering = False
         self._ready: deque[_Batch] = deque()
         self._groups: dict[tuple, _Batch] = {}
         self._firing: dict[str, _Firing] = {}
@@ -128,9 +131,14 @@ class _Worker:
 
     # -- scheduling --
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, grouped or being delivered (repeats of firing alerts do not count)."""
+        return self.queue.empty() and not self._ready and not self._groups and not self.delivering
+
     def _next_due(self, now: float) -> float | None:
         """Seconds until something is due (0: now), None if nothing is scheduled."""
-        if self._ready:
+        if self._ready or (self.draining and self._groups):
             return 0.0
         times = [b.deadline for b in self._groups.values()]
         if self._firing and "firing" in self.cfg.on and self.cfg.repeat_interval_s > 0:
@@ -141,7 +149,7 @@ class _Worker:
         out = list(self._ready)
         self._ready.clear()
         for key, batch in list(self._groups.items()):
-            if batch.deadline <= now:
+            if batch.deadline <= now or self.draining:
                 out.append(batch)
                 del self._groups[key]
         cfg = self.cfg
@@ -169,7 +177,7 @@ class _Worker:
                 rec: AlertRecord | None = None
                 try:
                     async with asyncio.timeout(delay):
-                        rec = await self.queue.get()
+                        rec = await self.queue.get()  # None: a wake-up from drain()
                 except TimeoutError:
                     pass
                 raise_if_cancelled()
@@ -178,8 +186,12 @@ class _Worker:
                     self._accept(rec, now)
                     rec = None if self.queue.empty() else self.queue.get_nowait()
                 self._overflowing = False
-                for batch in self._due(now):
-                    await self._deliver(client, batch)
+                self.delivering = True
+                try:
+                    for batch in self._due(now):
+                        await self._deliver(client, batch)
+                finally:
+                    self.delivering = False
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug here must not stop this hook for good, nor the daemon
@@ -286,6 +298,26 @@ class HookDispatcher:
         async with make_client() as client, asyncio.TaskGroup() as tg:
             for w in self._workers:
                 tg.create_task(w.run(client), name=f"hook-{w.hook.name}")
+
+    async def drain(self, timeout_s: float) -> bool:
+        """On stop, before cancelling `run()`: deliver what is queued or grouped now (retries
+        included), for at most `timeout_s`. True if everything went out; a resolve still in flight
+        when the daemon stops would otherwise leave an incident open."""
+        if not self._workers:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        for w in self._workers:
+            w.draining = True
+            with contextlib.suppress(asyncio.QueueFull):
+                w.queue.put_nowait(None)  # wake a worker waiting for its next deadline
+        while loop.time() < deadline:
+            if all(w.idle for w in self._workers):
+                return True
+            await asyncio.sleep(0.02)
+        left = sum(w.queue.qsize() + len(w._ready) + len(w._groups) + w.delivering for w in self._workers)
+        log.warning("hooks: stopping with %d notification(s) not delivered", left)
+        return False
 
     def stats(self) -> list[HookStats]:
         return [w.stats() for w in self._workers]

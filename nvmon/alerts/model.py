@@ -60,6 +60,7 @@ class AlertRecord:
     count: int = 1  # times the condition was (re)observed in this episode (e.g. throttling events)
     fired_at: float | None = None  # unix seconds it became firing; None while pending
     labels: dict[str, str] = field(default_factory=dict)  # extra labels (config / inventory)
+    acked_at: float | None = None  # unix seconds someone acked this episode (`nvmon alerts ack`); not in to_dict
 
     def to_dict(self) -> dict[str, Any]:
         """The contract's JSON object (all keys always present; null where not applicable)."""

@@ -14,6 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from nvmon.alerts.hooks import HookConfig, check_hooks
+from nvmon.alerts.settings import AlertsSettings
+
 DEFAULT_CONFIG = Path("/etc/nvmon/nvmon.toml")
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -118,6 +121,10 @@ class DaemonConfig(_Section):
     mqtt: MqttSection = Field(default_factory=MqttSection)
     expect: ExpectSection = Field(default_factory=ExpectSection)
     prometheus: PrometheusSection = Field(default_factory=PrometheusSection)
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)  # [alerts], see docs/alerts.md
+    hooks: tuple[HookConfig, ...] = ()  # [[hooks]]: on-call hooks, see nvmon/alerts/hooks.py, docs/alerts.md
+
+    _check_hooks = field_validator("hooks")(check_hooks)  # names unnamed hooks, refuses duplicates
 
     @property
     def node_name(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import signal
 import time
@@ -33,6 +34,7 @@ STORE_BACKLOG = 120  # ticks kept in memory while the database is unwritable (~1
 WIRE_QUEUE = 4  # only the newest samples matter on the wire
 MAINTAIN_EVERY_S = 60.0
 FLUSH_ON_STOP_S = 1.0
+HOOKS_DRAIN_S = 3.0  # on stop: time for queued notifications (retries included) to go out
 
 
 @dataclass(slots=True)
@@ -65,8 +67,11 @@ def _put_newest(q: asyncio.Queue, item) -> bool:
 
 
 class Daemon:
-    def __init__(self, cfg: DaemonConfig):
+    def __init__(self, cfg: DaemonConfig, *, embedded: bool = False):
+        """`embedded`: one of several daemons inside another program (`nvmon demo`): no signal
+        handlers and no sd_notify — the host program owns the process; stop with request_stop()."""
         self.cfg = cfg
+        self.embedded = embedded
         self.node = cfg.node_name
         self.stats = DaemonStats()
         self.latest: Sample | None = None
@@ -75,6 +80,8 @@ class Daemon:
         self.store = None
         self.publisher = None
         self.exporter = None
+        self.alerts = None  # DaemonAlerts (nvmon/daemon/alerting.py); None when [alerts] enabled = false
+        self.notifier = None  # an nvmon.alerts.engine.Notifier (the hooks); None: nobody is paged
         self.store_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=STORE_BACKLOG)
         self.wire_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=WIRE_QUEUE)
         self._last_tick = 0.0
@@ -98,7 +105,8 @@ class Daemon:
 
         st = self.cfg.store
         return Store(st.path, raw_retention_s=st.raw_retention_h * 3600,
-                     rollup_retention_s=st.rollup_retention_d * 86400)
+                     rollup_retention_s=st.rollup_retention_d * 86400,
+                     alert_retention_s=self.cfg.alerts.keep_resolved_d * 86400)
 
     def _make_publisher(self):
         m = self.cfg.mqtt
@@ -136,7 +144,10 @@ class Daemon:
             store_errors=st.store_errors, store_dropped=st.store_dropped, wire_dropped=st.wire_dropped,
             mqtt_connected=None if pub is None else pub.connected,
             mqtt_published=pub.published if pub else 0, mqtt_errors=pub.errors if pub else 0,
-            mqtt_dropped=pub.dropped if pub else 0)
+            mqtt_dropped=pub.dropped if pub else 0,
+            alerts=self.alerts.counts if self.alerts is not None else None,
+            hooks=tuple((h.name, h.type, h.sent, h.failed, h.dropped) for h in self.notifier.stats())
+            if hasattr(self.notifier, "stats") else ())
 
     def _timed_sample(self) -> tuple[Sample, float]:
         t0 = time.perf_counter()
@@ -187,6 +198,8 @@ class Daemon:
                     self.stats.store_dropped += 1
                 if self.publisher is not None and _put_newest(self.wire_q, sample):
                     self.stats.wire_dropped += 1
+                if self.alerts is not None:
+                    self.alerts.tick(sample)  # never raises; ≤ 1 ms
             # Drift-free: ticks sit on a fixed grid; when late (slow driver, suspended VM) skip
             # the missed slots instead of bursting to catch up.
             next_t += interval
@@ -247,7 +260,7 @@ class Daemon:
 
     async def _watchdog_loop(self) -> None:
         """Ping systemd's watchdog only while ticks are flowing: a hung NVML call gets us restarted."""
-        period = sdnotify.watchdog_interval_s()
+        period = None if self.embedded else sdnotify.watchdog_interval_s()
         if period is None:
             return
         loop = asyncio.get_running_loop()
@@ -261,7 +274,8 @@ class Daemon:
         """Run the publisher; on stop, cancel it until it is really done. On Python 3.11 a cancel
         that lands while aiomqtt's asyncio.wait_for completes can be swallowed (CPython gh-86296),
         which would leave SIGTERM hanging: so the cancel is repeated, for at most 1.5 s."""
-        task = asyncio.create_task(self.publisher.run(self.wire_q, self.inventory), name="publisher.run")
+        alerts = self.alerts.wire_set if self.alerts is not None else None  # re-sent on each connect
+        task = asyncio.create_task(self.publisher.run(self.wire_q, self.inventory, alerts), name="publisher.run")
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -285,7 +299,7 @@ class Daemon:
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT (or `request_stop()`); returns the exit status."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in () if self.embedded else (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self.request_stop)
             except (NotImplementedError, RuntimeError):  # not the main thread (tests)
@@ -306,12 +320,26 @@ class Daemon:
                 self.exporter.stop()
 
     async def _run(self) -> int:
-        self.sampler = self._make_sampler()
+        self.sampler = await asyncio.to_thread(self._make_sampler)  # a SimNode takes ~0.1 s to build
         status = await asyncio.to_thread(self.sampler.open)
         if not status.available:
             log.warning("NVML unavailable: %s; sampling InfiniBand/PCIe/host only", status.error)
         self.store = self._make_store()
         self.publisher = self._make_publisher()
+        dispatcher = None
+        if self.cfg.hooks:
+            from nvmon.alerts.hook_dispatch import HookDispatcher
+
+            dispatcher = HookDispatcher(self.cfg.hooks)
+            for problem in dispatcher.check():  # e.g. an unreadable secret: warn, keep sampling
+                log.warning("hooks: %s", problem)
+            self.notifier = dispatcher
+        if self.cfg.alerts.enabled:
+            from nvmon.daemon.alerting import DaemonAlerts
+
+            self.alerts = DaemonAlerts(self.cfg, node=self.node, node_spec=self.node_spec(), store=self.store,
+                                       publisher=self.publisher, notifier=self.notifier)
+            await self.alerts.restore()
         # The first sample before anything else: inventory and the first stored tick need it.
         self.latest = await asyncio.to_thread(self.sampler.sample)
         if self.exporter is not None:
@@ -320,23 +348,40 @@ class Daemon:
                  self.node, len(self.latest.gpus), len(self.latest.ib), self.cfg.sampling.interval_s,
                  self.cfg.store.path, self.cfg.mqtt.broker or "none",
                  self.exporter.server.url if self.exporter is not None else "none")
-        sdnotify.ready()
-        sdnotify.status(f"sampling {len(self.latest.gpus)} GPUs every {self.cfg.sampling.interval_s:g} s")
+        if not self.embedded:
+            sdnotify.ready()
+            sdnotify.status(f"sampling {len(self.latest.gpus)} GPUs every {self.cfg.sampling.interval_s:g} s")
+        # Outside the TaskGroup: on stop, hooks get a moment to deliver what is queued (a resolve).
+        hooks_task = asyncio.create_task(dispatcher.run(), name="hooks") if dispatcher is not None else None
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._sample_loop(), name="sampler")
                 tg.create_task(self._store_loop(), name="store")
                 tg.create_task(self._maintain_loop(), name="maintain")
                 tg.create_task(self._watchdog_loop(), name="watchdog")
+                if self.alerts is not None:
+                    tg.create_task(self.alerts.persist_loop(), name="alerts.persist")
+                    tg.create_task(self.alerts.publish_loop(), name="alerts.publish")
                 if self.publisher is not None:
                     tg.create_task(self._publisher_loop(), name="publisher")
                 tg.create_task(self._wait_stop(), name="stop")
         except* _Stop:
             pass
         finally:
-            sdnotify.stopping()
+            if not self.embedded:
+                sdnotify.stopping()
             await self._shutdown()
+            if hooks_task is not None:
+                await self._stop_hooks(hooks_task)
         return 0
+
+    async def _stop_hooks(self, task: asyncio.Task) -> None:
+        """Let the hooks deliver what is queued (≤ HOOKS_DRAIN_S), then stop them."""
+        if not task.done():
+            await self.notifier.drain(HOOKS_DRAIN_S)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, 1.0)
 
     async def _shutdown(self) -> None:
         """Flush what is queued to the store (bounded time), then release hardware and files."""
@@ -350,6 +395,11 @@ class Daemon:
                 await asyncio.wait_for(asyncio.to_thread(self._flush, pending), FLUSH_ON_STOP_S)
             except (TimeoutError, Exception) as e:  # noqa: BLE001 - shutting down: report, never hang
                 log.error("store flush on stop: %s", e)
+        if self.alerts is not None and self.store is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.alerts.flush), FLUSH_ON_STOP_S)
+            except (TimeoutError, Exception) as e:  # noqa: BLE001 - shutting down: report, never hang
+                log.error("alerts flush on stop: %s", e)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         if self.sampler is not None:

@@ -194,8 +194,55 @@ CREATE VIEW nvlink_raw AS
       ON l.value < length(g.nvlink_tx_mb) / 2;
 """
 
-# Room for the alert lifecycle (pending → firing → resolved) is a later migration appended here.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None] | str] = [_V1]
+# The alert lifecycle (nvmon.alerts): one row per alert episode, acks per episode, silences.
+_V2 = """
+CREATE TABLE alerts (
+    fingerprint TEXT NOT NULL,      -- rule + node + gpu/link/device/port (nvmon.alerts.model.fingerprint)
+    starts_ms INTEGER NOT NULL,     -- the episode's first observation (pending), unix ms
+    status TEXT NOT NULL,           -- 'pending' | 'firing' | 'resolved'
+    code TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    cluster TEXT NOT NULL,
+    rack TEXT,
+    node TEXT,
+    gpu INTEGER,
+    link INTEGER,
+    device TEXT,
+    port INTEGER,
+    summary TEXT NOT NULL,
+    runbook TEXT NOT NULL,
+    value TEXT,                     -- JSON
+    threshold TEXT,                 -- JSON
+    fired_ms INTEGER,               -- NULL while pending
+    ends_ms INTEGER,                -- NULL while active
+    count INTEGER NOT NULL,         -- observations in this episode
+    labels TEXT,                    -- JSON object, NULL when none
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (fingerprint, starts_ms)
+) STRICT;
+
+CREATE INDEX alerts_active ON alerts (fingerprint) WHERE status != 'resolved';
+CREATE INDEX alerts_ends ON alerts (ends_ms) WHERE status = 'resolved';
+
+CREATE TABLE alert_acks (
+    fingerprint TEXT NOT NULL,
+    starts_ms INTEGER NOT NULL,     -- the episode acked (alerts.starts_ms)
+    acked_ms INTEGER NOT NULL,
+    acked_by TEXT,
+    PRIMARY KEY (fingerprint, starts_ms)
+) STRICT;
+
+CREATE TABLE silences (
+    id INTEGER PRIMARY KEY,
+    matchers TEXT NOT NULL,         -- JSON object: label → shell-style glob, all must match
+    starts_ms INTEGER NOT NULL,
+    ends_ms INTEGER NOT NULL,
+    created_by TEXT,
+    comment TEXT
+) STRICT;
+"""
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None] | str] = [_V1, _V2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

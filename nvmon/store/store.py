@@ -17,9 +17,9 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlite_utils
 
@@ -28,7 +28,11 @@ from nvmon.store import codec, rollup
 from nvmon.store.errors import RECONNECT_ON, StoreError, describe, error_name
 from nvmon.store.schema import SchemaError, migrate
 
+if TYPE_CHECKING:
+    from nvmon.alerts.model import AlertRecord
+
 log = logging.getLogger("nvmon.store")
+T = TypeVar("T")
 
 PAGE_SIZE = 8192  # 4, 8 and 16 KiB measured the same size; 8 KiB reads a time range in fewer pages
 MIN_SQLITE = (3, 37)  # STRICT tables. JSON functions: built in from 3.38, compiled in by distros before
@@ -49,10 +53,11 @@ class Store:
     """
 
     def __init__(self, path: str | Path, *, raw_retention_s: float = 48 * 3600,
-                 rollup_retention_s: float = 90 * 86400):
+                 rollup_retention_s: float = 90 * 86400, alert_retention_s: float = 7 * 86400):
         self.path = Path(path)
         self.raw_retention_s = float(raw_retention_s)
         self.rollup_retention_s = float(rollup_retention_s)
+        self.alert_retention_s = float(alert_retention_s)  # resolved alerts, ended silences
         self.schema_version = 0
         self.skipped = 0  # samples not stored: unusable timestamp, unreadable object, before the raw window
         self._conn: sqlite3.Connection | None = None
@@ -319,7 +324,46 @@ class Store:
         if pruned_to > int(self._state.get("raw_pruned_ms") or 0):
             self._set_state(conn, "raw_pruned_ms", pruned_to)
         stats["rollups_pruned"] = rollup.prune_rollups(conn, now_ms - int(self.rollup_retention_s * 1000))
+        from nvmon.store import alerts
+
+        stats["alerts_pruned"] = alerts.prune(conn, now - self.alert_retention_s)
         return stats
+
+    # -- alerts (nvmon.store.alerts holds the SQL) ----------------------------------------------
+
+    def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(conn)` in one write transaction, with the store's lock and error handling.
+        Raises StoreError (one line)."""
+        with self._lock:
+            try:
+                conn = self._connect()
+                conn.execute("BEGIN IMMEDIATE")
+                out = fn(conn)
+                conn.execute("COMMIT")
+                return out
+            except BaseException as exc:
+                if err := self._fail(exc):
+                    raise err from None
+                raise
+
+    def save_alerts(self, records: Sequence[AlertRecord], now: float) -> None:
+        """Persist alert episodes (engine transitions and counts) in one transaction."""
+        from nvmon.store import alerts
+
+        if records:
+            self.transact(lambda conn: alerts.save(conn, records, now))
+
+    def load_alerts(self) -> list[AlertRecord]:
+        """The active (pending and firing) alerts, for an engine starting up."""
+        from nvmon.store import alerts
+
+        return self.transact(lambda conn: alerts.load(conn, active_only=True))
+
+    def alert_controls(self, now: float):
+        """(acks, silences) as `AlertEngine.set_controls` takes them."""
+        from nvmon.store import alerts
+
+        return self.transact(lambda conn: alerts.controls(conn, now))
 
     # -- reading (the writer's own view; `nvmon history` uses nvmon.store.query read-only) ------
 

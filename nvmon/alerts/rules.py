@@ -1,0 +1,260 @@
+"""Node alert rules: the audit's findings, turned into alert conditions.
+
+Each condition has ONE definition, in `nvmon.audit`: a rule here never judges hardware itself, it
+only decides how long a finding must last (for_s), how long it must be gone (clear_s), whether a
+reboot's link training excuses it (start-up grace), and for counters how many errors in a window
+make a rate worth a page. `nvmon audit` and the alerts therefore always agree on what is wrong.
+
+- Counter rules (`RATE_CODES`): the audit reports a counter that rose this tick; the rule sums
+  those rises per place over `window_s` and holds a condition while the sum is ≥ `min_count`, so a
+  lone corrected CRC error never pages, a steady stream does.
+- Info findings that describe the board rather than a fault (`nvlink.board`, `gpu.model`) are
+  not alerts.
+- While NVML is unavailable, or a GPU is lost, alerts on what can no longer be judged are held
+  as they are (`holds`): "cannot see" is not "fixed".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from nvmon.alerts.model import AlertRecord, fingerprint
+from nvmon.alerts.settings import AlertsSettings
+from nvmon.audit import RULES, Finding, Thresholds, audit
+from nvmon.model import Sample, to_jsonable
+from nvmon.specs import NodeSpec
+
+log = logging.getLogger("nvmon.alerts")
+
+SKIPPED = frozenset({"nvlink.board", "gpu.model"})  # facts about the board, not faults
+RATE_CODES = frozenset({"nvlink.errors", "pcie.replay", "ib.errors"})
+# Links train up after a reboot (NVLink through the fabric manager, IB through the subnet manager,
+# PCIe at power-on): these do not fire during the start-up grace period.
+GRACE_CODES = frozenset({"nvlink.link_down", "nvlink.topology", "nvlink.speed", "ib.port_down", "ib.rate",
+                         "ib.count", "pcie.width", "pcie.gen"})
+_GPU_SCOPED = ("gpu.", "nvlink.", "pcie.", "power.", "thermal")  # judged from NVML
+
+RUNBOOKS: dict[str, str] = {
+    "nvml.unavailable": "Check the NVIDIA driver: nvidia-smi, dmesg | grep -i -e nvrm -e xid; reload the "
+                        "driver or reboot",
+    "gpu.count": "GPU missing: check seating and power cables, lspci | grep -i nvidia, dmesg for Xid 79",
+    "gpu.lost": "GPU fell off the bus: drain the node, check dmesg for Xid 79/48, reset the GPU "
+                "(nvidia-smi -r) or reboot; RMA if it recurs",
+    "nvlink.link_down": "NVLink down: drain the node, check nvidia-smi nvlink -s and the fabric manager; "
+                        "reseat the GPU/baseboard (or the bridge on paired cards)",
+    "nvlink.topology": "Board not wired as its spec says: compare nvidia-smi topo -m with the spec, check "
+                       "the fabric manager and NVSwitches; hold the vendor to the spec",
+    "nvlink.speed": "NVLink trained below spec: check nvidia-smi nvlink -s, driver and firmware; reseat",
+    "nvlink.errors": "NVLink errors rising: check nvidia-smi nvlink -e; reset the GPU, reseat or replace "
+                     "the GPU/bridge if it persists",
+    "pcie.width": "PCIe {observed}: reseat the GPU or riser, check BIOS bifurcation",
+    "pcie.gen": "PCIe below its generation under load: check riser/retimer signal integrity and the BIOS "
+                "PCIe speed setting",
+    "pcie.replay": "PCIe replays rising: signal integrity; reseat the GPU or riser, check retimers and slot",
+    "power.limit": "Enforced power limit below spec: check nvidia-smi -q -d POWER and nvidia-smi -pl, "
+                   "the PSUs and the rack power budget",
+    "power.cap": "GPU held at its power limit: check the enforced limit, PSUs and rack budget; "
+                 "expected only briefly at peak load",
+    "thermal": "GPU thermal slowdown: check airflow, fans, inlet temperature and blanking panels",
+    "ib.port_down": "IB port down: check cable and transceiver, the switch port, ibstat and the subnet manager",
+    "ib.rate": "IB port below the expected rate or in Ethernet mode: check cable/transceiver type (HDR vs "
+               "HDR100/EDR), switch port speed, ibstat; link type with mlxconfig",
+    "ib.errors": "IB errors rising: check perfquery, cable and transceiver; replace the cable if symbol "
+                 "errors or link_downed keep rising",
+    "ib.count": "Fewer active IB ports than expected: check ibstat, HCAs, cables and the driver",
+}
+
+NODE_RULES: dict[str, str] = {code: sev for code, sev in RULES.items() if code not in SKIPPED}  # code → severity
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    """One rule with every setting resolved (config override, then `[alerts]`, then built-in)."""
+
+    code: str
+    severity: str
+    for_s: float
+    clear_s: float
+    grace: bool
+    runbook: str
+    window_s: float | None = None  # counter rules only
+    min_count: int | None = None
+
+
+def rule_book(settings: AlertsSettings, interval_s: float) -> dict[str, RuleSpec]:
+    """The enabled rules. clear_s defaults to max(for_s, 2 × interval): a condition gone for one
+    tick (a missed read, a noisy counter) never resolves an alert on its own."""
+    book = {}
+    for code, severity in NODE_RULES.items():
+        o = settings.rules.get(code)
+        if o is not None and not o.enabled:
+            continue
+        for_s = o.for_s if o is not None and o.for_s is not None else settings.for_s
+        clear_s = o.clear_s if o is not None and o.clear_s is not None else settings.clear_s
+        rate = code in RATE_CODES
+        book[code] = RuleSpec(
+            code=code, severity=(o.severity if o is not None and o.severity else severity), for_s=for_s,
+            clear_s=clear_s if clear_s is not None else max(for_s, 2 * interval_s), grace=code in GRACE_CODES,
+            runbook=RUNBOOKS[code],
+            window_s=((o.window_s if o is not None and o.window_s else settings.window_s) if rate else None),
+            min_count=((o.min_count if o is not None and o.min_count else settings.min_count) if rate else None))
+    return book
+
+
+def thresholds_of(settings: AlertsSettings) -> Thresholds:
+    return Thresholds(power_cap_ratio=settings.power_cap_pct / 100, power_limit_ratio=settings.power_limit_pct / 100,
+                      temperature_c=settings.temperature_c)
+
+
+class Condition(NamedTuple):  # a tuple: made for every condition every tick, so cheap to build
+    """A rule's condition holding at one place, this tick."""
+
+    fingerprint: str
+    code: str
+    summary: str | Callable[[], str]  # a callable when costly to build: called only when needed
+    runbook: str
+    gpu: int | None = None
+    link: int | None = None
+    device: str | None = None
+    port: int | None = None
+    value: Any = None
+    threshold: Any = None
+
+
+@dataclass(slots=True)
+class _Window:
+    """A counter's rises at one place over the last window: (ts, rise, {kind: rise})."""
+
+    finding: Finding
+    events: deque = field(default_factory=deque)
+    total: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # the window's rise per kind
+
+
+_PER_TICK = re.compile(r" \(\+\d+\)")
+
+
+class NodeRules:
+    """Turns one `Sample` into the conditions that hold now (`conditions`), keeping the counter
+    windows between ticks. Everything that identifies the node (cluster, rack, labels) is here."""
+
+    def __init__(self, settings: AlertsSettings = AlertsSettings(), *, cluster: str, node: str,
+                 rack: str | None = None, labels: Mapping[str, str] | None = None,
+                 node_spec: NodeSpec = NodeSpec(), interval_s: float = 1.0):
+        self.book = rule_book(settings, interval_s)
+        self.thresholds = thresholds_of(settings)
+        self.node_spec = node_spec
+        self.cluster, self.node, self.rack = cluster, node, rack
+        self.labels = dict(labels or {})
+        self.errors = 0  # findings that could not be turned into a condition (bugs), counted
+        self._fps: dict[tuple, str] = {}
+        self._windows: dict[str, _Window] = {}
+
+    def fingerprint(self, code: str, gpu=None, link=None, device=None, port=None) -> str:
+        key = (code, gpu, link, device, port)
+        fp = self._fps.get(key)
+        if fp is None:
+            if len(self._fps) > 100_000:  # a bounded cache, whatever the hardware claims
+                self._fps.clear()
+            fp = self._fps[key] = fingerprint(code, self.cluster, self.node, gpu=gpu, link=link, device=device,
+                                              port=port, rack=self.rack)
+        return fp
+
+    def conditions(self, sample: Sample, now: float) -> list[Condition]:
+        """The conditions holding at `now`. Raises only if the audit itself fails."""
+        findings = audit(sample, self.node_spec, self.thresholds).findings
+        out: list[Condition] = []
+        for f in findings:
+            rule = self.book.get(f.code)
+            if rule is None:
+                continue
+            try:
+                if rule.window_s is not None:
+                    self._observe(f, now)
+                else:
+                    out.append(self._condition(f, rule))
+            except Exception:  # one rule's bug must not cost the others
+                self._error(f.code)
+        return out + self._rate_conditions(now)
+
+    def holds(self, sample: Sample) -> Callable[[AlertRecord], bool]:
+        """A predicate: True for an alert this sample cannot judge (its absence proves nothing)."""
+        if not sample.nvml.available:
+            return lambda r: r.code != "nvml.unavailable" and r.code.startswith(_GPU_SCOPED)
+        lost = {g.index for g in sample.gpus if g.lost}
+        if not lost:
+            return lambda r: False
+        return lambda r: r.gpu in lost and r.code != "gpu.lost"
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _error(self, code: str) -> None:
+        self.errors += 1
+        if self.errors in (1, 10, 100) or self.errors % 1000 == 0:
+            log.exception("alert rule %s failed (%d rule failures so far)", code, self.errors)
+
+    def _condition(self, f: Finding, rule: RuleSpec) -> Condition:
+        observed = to_jsonable(f.observed)
+        runbook = rule.runbook.format(observed=observed) if "{observed}" in rule.runbook else rule.runbook
+        return Condition(self.fingerprint(f.code, f.gpu, f.link, f.device, f.port), f.code, f.message, runbook,
+                         f.gpu, f.link, f.device, f.port, observed, to_jsonable(f.expected))
+
+    def _observe(self, f: Finding, now: float) -> None:
+        fp = self.fingerprint(f.code, f.gpu, f.link, f.device, f.port)
+        w = self._windows.get(fp)
+        if w is None:
+            w = self._windows[fp] = _Window(f)
+        w.finding = f
+        obs = f.observed  # {kind: rise} (NVLink, IB) or one rise (PCIe replays)
+        rise = 0
+        if isinstance(obs, Mapping):
+            kinds = {k: n for k, n in obs.items() if type(n) is int and n > 0}
+            acc = w.kinds
+            for k, n in kinds.items():
+                rise += n
+                acc[k] = acc.get(k, 0) + n
+        elif type(obs) is int and obs > 0:
+            rise, kinds = obs, None
+        if rise > 0:
+            w.events.append((now, rise, kinds))
+            w.total += rise
+
+    def _rate_conditions(self, now: float) -> list[Condition]:
+        out, empty = [], []
+        book = self.book
+        for fp, w in self._windows.items():
+            try:
+                rule = book[w.finding.code]
+                events, cut = w.events, now - rule.window_s
+                while events and events[0][0] <= cut:
+                    _, rise, kinds = events.popleft()
+                    w.total -= rise
+                    if kinds:
+                        acc = w.kinds
+                        for k, n in kinds.items():
+                            acc[k] -= n
+                if not events:
+                    empty.append(fp)
+                elif w.total >= rule.min_count:
+                    out.append(self._rate_condition(fp, w, rule))
+            except Exception:  # a bug, or a rule disabled since: forget the window
+                self._error(w.finding.code)
+                empty.append(fp)
+        for fp in empty:
+            del self._windows[fp]
+        return out
+
+    def _rate_condition(self, fp: str, w: _Window, rule: RuleSpec) -> Condition:
+        f, total, kinds = w.finding, w.total, dict(w.kinds)  # this tick's values, for a summary built later
+
+        def summary() -> str:  # built only when a record is (a transition, a flush): most ticks never
+            head = _PER_TICK.sub("", f.message.split(":", 1)[0])
+            what = ", ".join(f"{k} +{n}" for k, n in kinds.items() if n > 0)
+            return f"{head}: +{total} in the last {rule.window_s:g} s" + (f" ({what})" if what else "")
+
+        return Condition(fp, f.code, summary, rule.runbook, f.gpu, f.link, f.device, f.port, total, rule.min_count)

@@ -1,0 +1,197 @@
+"""The daemon's node alerts: evaluate each tick, persist, publish, notify.
+
+    sampler ──► tick(sample) on the loop (≤ 1 ms): AlertEngine.evaluate
+                 ├─► notifier.submit(firing / resolved, minus silenced)   never blocks
+                 ├─► persist loop: episodes to SQLite (thread), acks + silences back from it
+                 └─► publish loop: the active set, retained, on …/alerts
+
+Every failure is local: an engine bug costs that tick's evaluation (logged, counted), an
+unwritable database keeps changes in memory and retries, a broker away delays the publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition, wire_alert
+from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.rules import NodeRules
+from nvmon.model import Sample
+from nvmon.specs import NodeSpec
+from nvmon.store import StoreError
+
+log = logging.getLogger("nvmon.alerts")
+
+CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts` are honoured within this
+MAX_UNSAVED = 10_000  # episodes kept in memory while the database is unwritable
+
+
+def _where(r: AlertRecord) -> str:
+    parts = []
+    if r.gpu is not None:
+        parts.append(f"GPU {r.gpu}")
+    if r.link is not None:
+        parts.append(f"link {r.link}")
+    if r.device is not None:
+        parts.append(f"{r.device}" + (f":{r.port}" if r.port is not None else ""))
+    return " ".join(parts) or "node"
+
+
+class DaemonAlerts:
+    def __init__(self, cfg, *, node: str, node_spec: NodeSpec, store, publisher=None,
+                 notifier: Notifier | None = None, clock: Callable[[], float] = time.time):
+        a = cfg.alerts
+        self.rules = NodeRules(a, cluster=cfg.node.cluster, node=node, rack=cfg.node.rack, labels=cfg.node.labels,
+                               node_spec=node_spec, interval_s=cfg.sampling.interval_s)
+        self.engine = AlertEngine(self.rules, started_at=clock(), startup_grace_s=a.startup_grace_s)
+        self.store, self.publisher = store, publisher
+        self.notifier: Notifier = notifier or NullNotifier()
+        self.clock = clock
+        self.errors = 0  # ticks whose evaluation failed
+        self.eval_seconds = 0.0  # the latest evaluation's cost
+        self.eval_seconds_max = 0.0
+        self._unsaved: dict[tuple[str, float], AlertRecord] = {}
+        self._restored = False
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._notify_errors = 0
+        # (code, severity, status) → active alerts, zeros included for every enabled rule; replaced
+        # whole on the loop, so the exporter's HTTP thread can read it at any time.
+        self.counts: dict[tuple[str, str, str], int] = self._count()
+
+    def _count(self) -> dict[tuple[str, str, str], int]:
+        counts = {(code, rule.severity, st): 0 for code, rule in self.rules.book.items() for st in ("pending", "firing")}
+        for r in self.engine.active():
+            key = (r.code, r.severity, r.status)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    # -- on the loop, every tick ---------------------------------------------------------------
+
+    def tick(self, sample: Sample) -> list[Transition]:
+        """Evaluate one sample. Never raises: a failure costs this tick's evaluation only."""
+        t0 = time.perf_counter()
+        try:
+            transitions = self.engine.evaluate(sample, sample.ts)
+            notify = self.engine.to_notify(transitions, sample.ts)
+            dirty = self.engine.take_dirty(sample.ts)
+        except Exception:
+            self.errors += 1
+            if self.errors in (1, 10, 100) or self.errors % 1000 == 0:
+                log.exception("alert evaluation failed (%d times so far); sampling goes on", self.errors)
+            return []
+        finally:
+            self.eval_seconds = took = time.perf_counter() - t0
+            self.eval_seconds_max = max(self.eval_seconds_max, took)
+        for tr in transitions:
+            r = tr.record
+            level = logging.INFO if r.status == "firing" or (r.status == "resolved" and r.fired_at) else logging.DEBUG
+            log.log(level, "alert %s: %s %s on %s (%s): %s", r.status, r.severity, r.code, _where(r),
+                    r.fingerprint, r.summary)
+        if dirty:
+            self._keep(dirty)
+            self._wake.set()
+        if transitions:
+            self._changed.set()
+            self.counts = self._count()
+        if notify:
+            try:
+                self.notifier.submit(notify)
+            except Exception:  # the Notifier contract says it never raises; hold it to that here
+                self._notify_errors += 1
+                if self._notify_errors in (1, 100):
+                    log.exception("alert notifier failed (%d times so far)", self._notify_errors)
+        return transitions
+
+    def _keep(self, records: list[AlertRecord]) -> None:
+        for r in records:
+            self._unsaved[(r.fingerprint, r.starts_at)] = r
+        while len(self._unsaved) > MAX_UNSAVED:
+            self._unsaved.pop(next(iter(self._unsaved)))
+
+    def wire_set(self):
+        return [wire_alert(r) for r in self.engine.active()]
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Take firing/pending alerts back from the database. Failure is logged; the persist
+        loop retries it before its first write, so a stale episode never stays 'firing'."""
+        try:
+            await self._restore()
+        except StoreError as e:
+            log.error("alerts: cannot read earlier alerts (%s); retrying", e)
+
+    async def _restore(self) -> None:
+        records = await asyncio.to_thread(self.store.load_alerts)
+        self._restored = True
+        now = self.clock()
+        tracked = {r.fingerprint: r.starts_at for r in self.engine.active()}
+        stale = [r.with_status("resolved", now) for r in records
+                 if r.fingerprint in tracked and tracked[r.fingerprint] != r.starts_at]
+        n = self.engine.restore(records, now)
+        if stale:  # episodes superseded while the database was unreadable
+            self._keep(stale)
+        if n:
+            log.info("alerts: %d active alerts restored from the database (no new pages for them)", n)
+            self._changed.set()
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    async def persist_loop(self) -> None:
+        failing, last_report, retry_at = False, 0.0, 0.0
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), CONTROLS_EVERY_S)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if time.monotonic() < retry_at:
+                continue
+            try:
+                if not self._restored:
+                    await self._restore()
+                await self._save()
+                acks, silences = await asyncio.to_thread(self.store.alert_controls, self.clock())
+                self.engine.set_controls(acks, silences)
+            except StoreError as e:
+                now = time.monotonic()
+                if not failing or now - last_report > 60:
+                    log.error("alerts: database: %s; keeping alert changes in memory and retrying", e)
+                    last_report = now
+                failing, retry_at = True, now + 5.0
+                continue
+            if failing:
+                log.warning("alerts: database back; alert state saved")
+                failing = False
+
+    async def _save(self) -> None:
+        batch = dict(self._unsaved)
+        if not batch:
+            return
+        await asyncio.to_thread(self.store.save_alerts, list(batch.values()), self.clock())
+        for key, rec in batch.items():
+            if self._unsaved.get(key) is rec:  # a newer state may have arrived meanwhile
+                del self._unsaved[key]
+
+    async def publish_loop(self) -> None:
+        """Publish the active set whenever it changes (the publisher re-sends it on reconnect)."""
+        if self.publisher is None:
+            return
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self.publisher.publish_alerts(self.wire_set())
+            except Exception:  # an alert that breaks the wire contract: a bug, not a reason to stop
+                log.exception("alerts: active set not published")
+
+    def flush(self) -> None:
+        """Write what is unsaved, counts included (at shutdown, in a thread). Raises StoreError."""
+        self._keep(self.engine.take_dirty(self.clock(), force=True))
+        if self._unsaved:
+            self.store.save_alerts(list(self._unsaved.values()), self.clock())
+            self._unsaved.clear()
