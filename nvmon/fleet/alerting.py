@@ -1,0 +1,212 @@
+"""`nvmon fleet`'s alerts: fleet rules → one AlertEngine per place → store, hooks, log.
+
+    every second (and at once when a node's status changes):
+      FleetRules.conditions(state) ─► AlertEngine.step per place (node / rack / fault)
+        ├─► notifier.submit(firing / resolved, minus silenced)   never blocks
+        ├─► one log line per transition
+        └─► persist loop: episodes to SQLite (thread), acks + silences back from it
+
+An engine per place, not one for the fleet: AlertEngine stamps its records with one identity
+(cluster, node, rack, labels), exactly what a place has. Engines exist only while their place
+has an active alert.
+
+Blind spells: while the subscriber is not connected, and for a settle time after it (re)connects
+(retained statuses come at once, samples only within an interval), no condition can be judged:
+every active alert is held as it is and no new one starts. Losing the broker must not page the
+whole fleet as stale, nor resolve what is still wrong.
+
+Restart: active episodes are read back from the database before the first evaluation, so an alert
+still firing stays firing without a second page (AlertEngine.restore).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Silence, Transition
+from nvmon.alerts.model import AlertRecord
+from nvmon.fleet.rules import FleetRules, Identity, Place, place_of
+from nvmon.fleet.state import FleetState
+from nvmon.store import StoreError
+
+log = logging.getLogger("nvmon.fleet")
+
+CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts --db FLEET_DB` honoured within this
+MAINTAIN_EVERY_S = 600.0  # prune resolved episodes past the retention
+MAX_UNSAVED = 10_000
+
+
+class _PlaceRules:
+    """What AlertEngine reads of its `rules` object: the rule book and the place's identity."""
+
+    __slots__ = ("book", "cluster", "node", "rack", "labels")
+
+    def __init__(self, book, ident: Identity):
+        self.book = book
+        self.cluster, self.node, self.rack, self.labels = ident.cluster, ident.node, ident.rack, dict(ident.labels)
+
+
+def _hold_all(r: AlertRecord) -> bool:
+    return True
+
+
+def _hold_none(r: AlertRecord) -> bool:
+    return False
+
+
+def describe(r: AlertRecord) -> str:
+    where = f"{r.cluster}/{r.node}" if r.node else f"{r.cluster} rack {r.rack}" if r.rack else r.cluster
+    return f"{r.severity} {r.code} on {where} ({r.fingerprint}): {r.summary}"
+
+
+class FleetAlerts:
+    def __init__(self, rules: FleetRules, *, store=None, notifier: Notifier | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.rules = rules
+        self.store = store
+        self.notifier: Notifier = notifier or NullNotifier()
+        self.clock = clock
+        self.engines: dict[Place, AlertEngine] = {}
+        self.errors = 0
+        self.eval_seconds = 0.0
+        self._acks: dict[tuple[str, int], float] = {}
+        self._silences: tuple[Silence, ...] = ()
+        self._unsaved: dict[tuple[str, float], AlertRecord] = {}
+        self._wake = asyncio.Event()
+
+    # -- engines ---------------------------------------------------------------------------------
+
+    def _engine(self, place: Place, ident: Identity, now: float) -> AlertEngine:
+        eng = AlertEngine(_PlaceRules(self.rules.book, ident), started_at=now)
+        if self._acks or self._silences:
+            eng.set_controls(self._acks, self._silences)
+        self.engines[place] = eng
+        return eng
+
+    def restore(self, records: Iterable[AlertRecord], now: float) -> int:
+        """Take active episodes back (before the first evaluation). Returns how many."""
+        by_place: dict[Place, list[AlertRecord]] = {}
+        for r in records:
+            if r.status in ("pending", "firing"):
+                by_place.setdefault(place_of(r.cluster, r.node, r.rack, r.code, r.labels), []).append(r)
+        n = 0
+        for place, recs in by_place.items():
+            first = recs[0]
+            eng = self.engines.get(place) or self._engine(
+                place, Identity(first.cluster, first.node, first.rack, dict(first.labels)), now)
+            n += eng.restore(recs, now)
+        return n
+
+    def active(self) -> list[AlertRecord]:
+        return [r for eng in self.engines.values() for r in eng.active()]
+
+    # -- evaluation (on the loop) ----------------------------------------------------------------
+
+    def evaluate(self, state: FleetState, now: float, *, blind: bool = False) -> list[Transition]:
+        """One evaluation. Never raises: a failure costs this evaluation only (logged, counted)."""
+        t0 = time.perf_counter()
+        try:
+            conds = {} if blind else self.rules.conditions(state, now)
+            held = _hold_all if blind else _hold_none
+            out: list[Transition] = []
+            for place in list(self.engines.keys() | conds.keys()):
+                eng = self.engines.get(place)
+                if eng is None:
+                    eng = self._engine(place, self.rules.identities[place], now)
+                trs = eng.step(conds.get(place, ()), now, held)
+                if not trs:
+                    continue
+                out += trs
+                self._after(eng, trs, now)
+                if any(t.record.status == "resolved" for t in trs) and not eng.active():
+                    del self.engines[place]
+            return out
+        except Exception:
+            self.errors += 1
+            if self.errors in (1, 10, 100) or self.errors % 1000 == 0:
+                log.exception("fleet: rule evaluation failed (%d times so far); going on", self.errors)
+            return []
+        finally:
+            self.eval_seconds = time.perf_counter() - t0
+
+    def _after(self, eng: AlertEngine, trs: list[Transition], now: float) -> None:
+        for tr in trs:
+            r = tr.record
+            paged = r.status == "firing" or (r.status == "resolved" and r.fired_at is not None)
+            log.log(logging.INFO if paged else logging.DEBUG, "fleet alert %s: %s", r.status, describe(r))
+        self._keep(eng.take_dirty(now))
+        self._wake.set()
+        notify = eng.to_notify(trs, now)
+        if notify:
+            try:
+                self.notifier.submit(notify)
+            except Exception:  # the Notifier contract says it never raises; hold it to that here
+                log.exception("fleet: notifier failed")
+
+    def _keep(self, records: list[AlertRecord]) -> None:
+        for r in records:
+            self._unsaved[(r.fingerprint, r.starts_at)] = r
+        while len(self._unsaved) > MAX_UNSAVED:
+            self._unsaved.pop(next(iter(self._unsaved)))
+
+    def set_controls(self, acks, silences) -> None:
+        self._acks, self._silences = dict(acks), tuple(silences)
+        for eng in self.engines.values():
+            eng.set_controls(self._acks, self._silences)
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    async def persist_loop(self) -> None:
+        """Save episodes as they change, read acks/silences back, prune now and then. A database
+        that fails keeps changes in memory and is retried; evaluation never waits for it."""
+        if self.store is None:
+            return
+        failing, last_report, maintained = False, 0.0, time.monotonic()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), CONTROLS_EVERY_S)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                now = self.clock()
+                for eng in self.engines.values():  # counts of long-running alerts, every COUNT_FLUSH_S
+                    self._keep(eng.take_dirty(now))
+                await self._save()
+                acks, silences = await asyncio.to_thread(self.store.alert_controls, now)
+                self.set_controls(acks, silences)
+                if time.monotonic() - maintained > MAINTAIN_EVERY_S:
+                    maintained = time.monotonic()
+                    await asyncio.to_thread(self.store.maintain, now)
+            except StoreError as e:
+                mono = time.monotonic()
+                if not failing or mono - last_report > 60:
+                    log.error("fleet: database: %s; keeping alert changes in memory and retrying", e)
+                    last_report = mono
+                failing = True
+                await asyncio.sleep(5.0)
+                continue
+            if failing:
+                log.warning("fleet: database writable again")
+                failing = False
+
+    async def _save(self) -> None:
+        batch = dict(self._unsaved)
+        if not batch:
+            return
+        await asyncio.to_thread(self.store.save_alerts, list(batch.values()), self.clock())
+        for key, rec in batch.items():
+            if self._unsaved.get(key) is rec:  # a newer state may have arrived meanwhile
+                del self._unsaved[key]
+
+    def flush(self) -> None:
+        """Write what is unsaved, counts included (at shutdown, in a thread). Raises StoreError."""
+        now = self.clock()
+        for eng in list(self.engines.values()):
+            self._keep(eng.take_dirty(now, force=True))
+        if self.store is not None and self._unsaved:
+            self.store.save_alerts(list(self._unsaved.values()), now)
+            self._unsaved.clear()

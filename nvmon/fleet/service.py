@@ -1,0 +1,265 @@
+"""`nvmon fleet`: the headless fleet evaluator (systemd/nvmon-fleet.service).
+
+    nvmon fleet --broker mqtt://broker:1883 [--cluster prod] [--config /etc/nvmon/fleet.toml] [--db PATH]
+
+Subscribes to the fleet (FleetSubscriber → FleetState, the code the TUI uses), evaluates the fleet
+rules (nvmon.fleet.rules) every second and at once when a node's status changes, runs the
+`[[hooks]]` on firing / resolved, keeps alert state in SQLite (the same schema as a node's, so
+`nvmon alerts --db /var/lib/nvmon/fleet.db` lists, acks and silences fleet alerts), logs one line
+per transition. SIGTERM / Ctrl-C: save, exit 0.
+
+The config file is TOML: `[fleet]`, `[mqtt]`, `[alerts]` (only keep_resolved_d is used here) and
+`[[hooks]]`; a node's own tables (`[node]`, `[sampling]`, …) are accepted and ignored, so one file
+may serve a node that also runs the evaluator. Errors are one line naming the file and key.
+
+Fleet alerts are not published over MQTT: the wire contract has per-node topics only
+(nvmon/v1/<cluster>/<node>/<kind>), and a fleet alert has no node to publish under.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from nvmon.aio import raise_if_cancelled
+from nvmon.alerts.hooks import HookConfig, check_hooks
+from nvmon.alerts.settings import AlertsSettings
+from nvmon.fleet.rules import FleetSettings
+from nvmon.wire.contract import valid_name
+
+log = logging.getLogger("nvmon.fleet")
+
+DEFAULT_CONFIG = Path("/etc/nvmon/fleet.toml")
+DEFAULT_BROKER = "mqtt://localhost:1883"
+NODE_TABLES = ("node", "sampling", "store", "expect", "prometheus")  # a node's config: accepted, unused
+POLL_S = 0.1  # how often a status change is looked for (a will pages this fast after it arrives)
+MIN_SETTLE_S = 2.0
+
+
+class FleetError(click.ClickException):
+    """A one-line error, `nvmon: <message>`, exit status 1, no traceback."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"nvmon: {self.format_message()}", err=True)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MqttTable(_Strict):
+    """`[mqtt]`: the same keys as the daemon's (keepalive_s is this client's own)."""
+
+    broker: str | None = None
+    username: str | None = None
+    password_file: Path | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    keepalive_s: int = Field(10, ge=2, le=600)
+
+    @field_validator("broker")
+    @classmethod
+    def _broker(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not re.match(r"^mqtts?://[^/\s:]+(:\d{1,5})?/?$", v):
+            raise ValueError("must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
+        return v
+
+
+class FleetConfig(_Strict):
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
+    mqtt: MqttTable = Field(default_factory=MqttTable)
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)
+    hooks: tuple[HookConfig, ...] = ()
+    node: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    store: dict[str, Any] = Field(default_factory=dict)
+    expect: dict[str, Any] = Field(default_factory=dict)
+    prometheus: dict[str, Any] = Field(default_factory=dict)
+
+    _check_hooks = field_validator("hooks")(check_hooks)
+
+
+def _one_line(source: str, e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def load_fleet_config(path: Path | None) -> FleetConfig:
+    """Read and validate; None: DEFAULT_CONFIG if it exists, else defaults. FleetError (one line)."""
+    if path is None and DEFAULT_CONFIG.exists():
+        path = DEFAULT_CONFIG
+    if path is None:
+        return FleetConfig()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise FleetError(f"{path}: no such file") from None
+    except PermissionError:
+        raise FleetError(f"{path}: permission denied") from None
+    except IsADirectoryError:
+        raise FleetError(f"{path}: is a directory") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FleetError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise FleetError(f"{path}: not valid UTF-8") from None
+    except OSError as e:
+        raise FleetError(f"{path}: {e.strerror or e}") from None
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as e:
+        raise FleetError(_one_line(str(path), e)) from None
+
+
+def _cluster(ctx, param, value: str | None) -> str | None:
+    if value is not None and not valid_name(value):
+        raise click.BadParameter("use 1-64 characters from A-Z a-z 0-9 . _ -")
+    return value
+
+
+@click.command("fleet")
+@click.option("--broker", default=None, metavar="URL",
+              help=f"mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (default: [mqtt] broker, else {DEFAULT_BROKER}).")
+@click.option("--cluster", default=None, callback=_cluster, help="Watch this cluster only (default: every cluster).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="PATH", help=f"TOML config: [fleet], [mqtt], [[hooks]] (default {DEFAULT_CONFIG} if present).")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
+              help="SQLite file for fleet alert state (default: [fleet] db, /var/lib/nvmon/fleet.db).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def fleet_command(broker: str | None, cluster: str | None, config_path: Path | None, db_path: Path | None,
+                  log_level: str) -> None:
+    """Evaluate fleet rules and run the on-call hooks: node offline (MQTT will) or stale, rack
+    power over budget, many nodes with the same fault (docs/alerts.md, "Fleet rules").
+
+    \b
+    Under systemd: systemd/nvmon-fleet.service.   For a look: nvmon sim-fleet in another shell, then
+    nvmon fleet --broker mqtt://localhost:1883 --cluster sim --db /tmp/fleet.db
+    Stop with SIGTERM or Ctrl-C: alert state is saved, exit 0.
+    """
+    from nvmon.wire.mqtt import MqttSettings
+
+    cfg = load_fleet_config(config_path)
+    m = cfg.mqtt
+    url = broker or m.broker or DEFAULT_BROKER
+    try:
+        settings = MqttSettings(url=url, username=m.username, password_file=_str(m.password_file),
+                                ca_file=_str(m.ca_file), cert_file=_str(m.cert_file), key_file=_str(m.key_file),
+                                keepalive_s=m.keepalive_s)
+    except ValueError as e:
+        raise FleetError(str(e)) from None
+    journald = bool(os.environ.get("JOURNAL_STREAM"))
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=("%(name)s: %(levelname)s: %(message)s" if journald
+                else "%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    sys.exit(asyncio.run(run_fleet(cfg, settings, cluster=cluster or cfg.fleet.cluster,
+                                   db=db_path or cfg.fleet.db)))
+
+
+def _str(p: Path | None) -> str | None:
+    return None if p is None else str(p)
+
+
+async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path, clock=time.time) -> int:
+    """Run until SIGTERM / SIGINT (or cancelled); 0 after a clean stop, 1 if the database is unusable."""
+    from nvmon.alerts.hook_dispatch import HookDispatcher
+    from nvmon.fleet.alerting import FleetAlerts
+    from nvmon.fleet.rules import FleetRules
+    from nvmon.fleet.state import FleetState
+    from nvmon.fleet.subscriber import subscribed
+    from nvmon.store import Store, StoreError
+
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    store = Store(db, alert_retention_s=cfg.alerts.keep_resolved_d * 86400)
+    try:
+        # Read before the first evaluation, or a restart would page again what already paged.
+        records = await asyncio.to_thread(_open_and_load, store)
+    except StoreError as e:
+        click.echo(f"nvmon: {e}", err=True)
+        return 1
+    dispatcher = HookDispatcher(cfg.hooks)
+    for problem in dispatcher.check():
+        log.warning("hooks: %s", problem)
+    rules = FleetRules(cfg.fleet)
+    alerts = FleetAlerts(rules, store=store, notifier=dispatcher, clock=clock)
+    n = alerts.restore(records, clock())
+    if n:
+        log.info("fleet: %d active alerts restored from %s (no new pages for them)", n, db)
+    state = FleetState(stale_factor=cfg.fleet.stale_after_intervals)
+    log.info("fleet: watching %s on %s; rules: %s; alert state in %s", f"cluster {cluster}" if cluster else
+             "every cluster", settings.url, ", ".join(sorted(rules.book)) or "none", db)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(dispatcher.run(), name="nvmon.fleet.hooks")
+            tg.create_task(alerts.persist_loop(), name="nvmon.fleet.persist")
+            async with subscribed(settings, state, cluster=cluster) as sub:
+                await _evaluate_loop(alerts, state, sub, clock)
+    except asyncio.CancelledError:
+        pass
+    finally:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(alerts.flush), 1.5)
+        except (StoreError, TimeoutError) as e:
+            log.error("fleet: alert state not saved at exit: %s", e)
+        store.close()
+    log.info("fleet: stopped")
+    return 0
+
+
+def _open_and_load(store):
+    store.open()
+    return store.load_alerts()
+
+
+async def _evaluate_loop(alerts, state, sub, clock) -> None:
+    """Evaluate every second, and within POLL_S of a node's status changing (a will arriving)."""
+    version, statuses = state.version, {}
+    next_at = 0.0
+    while True:
+        await asyncio.sleep(POLL_S)
+        raise_if_cancelled()
+        urgent = False
+        if state.version != version:
+            for key in state.changed_since(version):
+                view = state.nodes.get(key)
+                st = view.status if view is not None else None
+                if st is not statuses.get(key):
+                    urgent = True
+                    if st is None:
+                        statuses.pop(key, None)
+                    else:
+                        statuses[key] = st
+            version = state.version
+        mono = time.monotonic()
+        if not urgent and mono < next_at:
+            continue
+        next_at = mono + 1.0
+        now = clock()
+        s = sub.status
+        settle = max(MIN_SETTLE_S, 2 * alerts.rules.max_interval_s)
+        blind = not s.connected or s.since is None or now - s.since < settle
+        alerts.evaluate(state, now, blind=blind)
+
