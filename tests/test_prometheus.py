@@ -97,8 +97,10 @@ def test_catalog_names_follow_prometheus_and_dcgm_conventions():
 def full_page() -> str:
     """A page with every family: a throttle reason active, a broker configured, rendered twice."""
     s = with_gpu(healthy_sample(), 1, throttle_reasons=("sw_power_cap",))
-    ex = PrometheusExporter("127.0.0.1:0", health=lambda: DaemonHealth(ticks=5, sample_seconds_total=0.05,
-                                                                     mqtt_connected=True, mqtt_published=4))
+    health = DaemonHealth(ticks=5, sample_seconds_total=0.05, mqtt_connected=True, mqtt_published=4,
+                          alerts={("pcie.width", "warning", "firing"): 1, ("pcie.width", "warning", "pending"): 0},
+                          hooks=(("oncall", "pagerduty", 3, 1, 0),))
+    ex = PrometheusExporter("127.0.0.1:0", health=lambda: health)
     ex.update(s)
     ex.page()
     ex.update(replace(s, ts=s.ts + 1))
@@ -484,14 +486,14 @@ def test_docs_list_every_metric():
 
 
 class Daemon:
-    def __init__(self, tmp: Path, sim: str, interval: float = 0.25):
+    def __init__(self, tmp: Path, sim: str, interval: float = 0.25, toml: str = ""):
         self.port = free_port()
         self.db = tmp / "nvmon.db"
         self.log = tmp / "daemon.log"
         self.args = [sys.executable, "-m", "nvmon", "daemon", "--config", str(tmp / "none.toml"), "--sim", sim,
                      "--broker", "", "--db", str(self.db), "--node", "prom-1", "--cluster", "t",
                      "--interval", str(interval), "--prometheus", f"127.0.0.1:{self.port}", "--log-level", "info"]
-        (tmp / "none.toml").write_text("[expect]\ngpus = 8\n")
+        (tmp / "none.toml").write_text("[expect]\ngpus = 8\n" + toml)
         self._out = open(self.log, "wb")
         self.proc = subprocess.Popen(self.args, stdout=self._out, stderr=self._out)
 
@@ -569,6 +571,31 @@ def test_scrape_a_running_daemon_matches_nvmon_sample(daemon, tmp_path):
     assert value(fams, "nvmon_daemon_sample_duration_seconds_count") == value(fams, "nvmon_daemon_ticks_total")
     assert value(fams, "nvmon_daemon_sample_duration_seconds_sum") > 0
     assert series(fams, "process_resident_memory_bytes")[0].value > 0
+
+
+def test_active_alerts_and_hook_deliveries_are_exported(tmp_path):
+    from test_hooks import Receiver
+
+    receiver = Receiver()
+    toml = ("[alerts]\nfor_s = 0\nstartup_grace_s = 0\n"
+            f'[[hooks]]\nname = "oncall"\ntype = "webhook"\nurl = "{receiver.url("/hook")}"\n')
+    d = Daemon(tmp_path, "hgx-h100,pcie_width=3:8", toml=toml)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            fams = parse(d.scrape())
+            sent = value(fams, "nvmon_hook_notifications_total", hook="oncall", type="webhook", result="sent")
+            if sent or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert value(fams, "nvmon_alerts_active", code="pcie.width", severity="warning", state="firing") == 1
+        assert value(fams, "nvmon_alerts_active", code="nvlink.link_down", severity="critical", state="firing") == 0
+        assert sent == 1 and [b["code"] for b in receiver.bodies("/hook")] == ["pcie.width"]
+        assert value(fams, "nvmon_hook_notifications_total", hook="oncall", type="webhook", result="failed") == 0
+    finally:
+        d.stop()
+        receiver.server.shutdown()
+        receiver.server.server_close()
 
 
 def test_bad_scrapes_leave_sampling_untouched(daemon):

@@ -139,7 +139,13 @@ NVMON = (
        "Bonded NVLinks between two GPUs (gpu < peer_gpu) as nvidia-smi topo -m shows them (NV18 = 18), 0 when none.",
        "gpu", "peer_gpu"),
     _m("nvmon_topology_nvswitch_links", "gauge", "GPU", "Active NVLinks of the GPU whose far end is an NVSwitch."),
-    # audit (the alert engine's nvmon_alerts_active will sit beside these)
+    # alerts and audit
+    _m("nvmon_alerts_active", "gauge", "NODE",
+       "The node's active alerts by rule code, severity and state (pending, firing); 0 for every enabled rule "
+       "without one.", "code", "severity", "state"),
+    _m("nvmon_hook_notifications_total", "counter", "NODE",
+       "Alert notifications per on-call hook: sent, failed (after retries), dropped (queue full).",
+       "hook", "type", "result"),
     _m("nvmon_audit_findings", "gauge", "NODE",
        "Current `nvmon audit` findings of this code (0 when none); severity is the code's fixed severity.",
        "code", "severity"),

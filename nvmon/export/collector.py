@@ -60,6 +60,8 @@ class DaemonHealth:
     mqtt_published: int = 0
     mqtt_errors: int = 0
     mqtt_dropped: int = 0
+    alerts: Mapping[tuple[str, str, str], int] | None = None  # (code, severity, state) → n; None: alerts off
+    hooks: tuple[tuple[str, str, int, int, int], ...] = ()  # (hook, type, sent, failed, dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +409,14 @@ class SampleCollector(Collector):
                 f.add("nvmon_daemon_mqtt_published_total", node, h.mqtt_published)
                 f.add("nvmon_daemon_mqtt_errors_total", node, h.mqtt_errors)
                 f.add("nvmon_daemon_mqtt_dropped_total", node, h.mqtt_dropped)
+            if h.alerts is not None:
+                for (code, severity, state), n in h.alerts.items():
+                    f.add("nvmon_alerts_active", node.with_("code", code).with_("severity", severity)
+                          .with_("state", state), n)
+            for name, type_, sent, failed, dropped in h.hooks:
+                hook = node.with_("hook", name).with_("type", type_)
+                for result, n in (("sent", sent), ("failed", failed), ("dropped", dropped)):
+                    f.add("nvmon_hook_notifications_total", hook.with_("result", result), n)
         f.add("nvmon_exporter_render_seconds", node, self.render_seconds)
         f.add("nvmon_exporter_renders_total", node, self.renders)
         f.add("nvmon_exporter_render_cpu_seconds_total", node,
