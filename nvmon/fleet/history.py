@@ -1,7 +1,7 @@
 """A short, fixed-size ring of a node's recent key series, for sparklines.
 
 Memory is the point: a fleet view may hold 20,000 nodes, so each node keeps a few float32
-columns in preallocated `array`s (≈ 24 bytes a point, 7 KB a node at 300 points) rather than
+columns in preallocated `array`s (≈ 28 bytes a point, 8.4 KB a node at 300 points) rather than
 Python objects (≈ 30× more). Times are float64 unix seconds (receive times, one clock for all nodes).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-SERIES = ("nvlink_bytes_per_s", "power_w", "hottest_c", "ib_bytes_per_s")
+SERIES = ("nvlink_bytes_per_s", "power_w", "hottest_c", "ib_bytes_per_s", "pcie_bytes_per_s")
 
 
 @dataclass(frozen=True, slots=True)

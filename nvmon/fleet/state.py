@@ -48,6 +48,12 @@ _CLASSES = (  # (fragment of a WireError message, reason); the test suite pins e
 _RETAINED = ("status", "inventory", "alerts")
 
 
+def _pcie_bytes(t: Tick) -> float | None:
+    """PCIe TX + RX over all GPUs (None when no GPU reported it), for the history's sparkline."""
+    vals = [v for g in t.gpus for v in (g.pcie_tx_bytes_per_s, g.pcie_rx_bytes_per_s) if v is not None]
+    return float(sum(vals)) if vals else None
+
+
 def classify(error: WireError) -> str:
     """The drop reason for a reader's refusal: json, schema, mismatch, oversize, else content."""
     text = str(error)
@@ -245,7 +251,8 @@ class FleetState:
         if hist is None:
             hist = self._history[v.key] = History(self.history_points)
         hist.append(now, {"nvlink_bytes_per_s": summary.nvlink_bytes_per_s, "power_w": summary.power_w,
-                          "hottest_c": summary.hottest_c, "ib_bytes_per_s": summary.ib_bytes_per_s})
+                          "hottest_c": summary.hottest_c, "ib_bytes_per_s": summary.ib_bytes_per_s,
+                          "pcie_bytes_per_s": _pcie_bytes(t)})
         return replace(v, tick=t, tick_rx=now, alive_rx=now, summary=summary, inventory_stale=False,
                        stale_after_s=stale_after), None
 

@@ -1,0 +1,123 @@
+"""`NvmonApp`: the fleet TUI over one `FleetState`.
+
+With broker settings, the app runs a `FleetSubscriber` as a named worker in its own event loop,
+feeding the state; without them it shows the state it was given (tests, snapshots, benchmarks).
+Either way one timer (`refresh_s`, 1 s) redraws: it sets `header_info` (a reactive the headers
+watch) and asks the active screen to `refresh_data(now)`, which draws only what changed since
+that screen's last look (`FleetState.changed_since`). Nothing is pushed from the subscriber to
+widgets, so the message rate never reaches the screen.
+
+All times come from `clock` (default `time.time`), so a fixed clock gives a fixed screen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from textual.app import App
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.worker import Worker, WorkerState
+
+from nvmon.fleet.cli import _quiet_aiomqtt_noise as quiet_aiomqtt_noise
+from nvmon.fleet.state import FleetState, NodeKey
+from nvmon.fleet.subscriber import FleetSubscriber
+from nvmon.tui.alertlog import AlertLog
+from nvmon.tui.screens.alerts import AlertsScreen
+from nvmon.tui.screens.fleet import FleetScreen
+from nvmon.tui.screens.help import HelpScreen
+from nvmon.tui.screens.node import NodeScreen
+from nvmon.tui.widgets.header import HeaderInfo
+from nvmon.wire.mqtt import MqttSettings, describe_error
+
+
+class NvmonApp(App):
+    """The fleet TUI; see the module docstring. `await NvmonApp(settings).run_async()`."""
+
+    CSS_PATH = Path(__file__).with_name("nvmon.tcss")
+    TITLE = "nvmon"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("a", "alerts", "Alerts"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
+
+    header_info: reactive[HeaderInfo | None] = reactive(None, always_update=False)
+
+    def __init__(self, settings: MqttSettings | None, *, cluster: str | None = None, source: str | None = None,
+                 state: FleetState | None = None, clock: Callable[[], float] = time.time,
+                 rack_budget_kw: float | None = None, refresh_s: float = 1.0):
+        super().__init__()
+        self.settings, self.cluster, self.clock, self.refresh_s = settings, cluster, clock, refresh_s
+        self.state = state if state is not None else FleetState()
+        self.subscriber = FleetSubscriber(settings, self.state, cluster=cluster, clock=clock) if settings else None
+        self.source = source or (settings.url if settings is not None else "local state")
+        self.rack_budget_w = rack_budget_kw * 1000 if rack_budget_kw else None
+        self.alert_log = AlertLog()
+        self.subscriber_error: str | None = None
+
+    def now(self) -> float:
+        return self.clock()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        if self.subscriber is not None:
+            # aiomqtt leaves harmless "never retrieved" errors behind when the broker goes away
+            asyncio.get_running_loop().set_exception_handler(quiet_aiomqtt_noise)
+            self.run_worker(self.subscriber.run(), name="nvmon.tui.subscriber", group="mqtt", exit_on_error=False)
+        self.refresh_data()
+        self.push_screen(FleetScreen(self.rack_budget_w))
+        self.set_interval(self.refresh_s, self.refresh_data, name="nvmon.tui.redraw")
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place worker failures land: the subscriber only ends on a bug."""
+        if event.state == WorkerState.ERROR:
+            self.subscriber_error = describe_error(event.worker.error)
+            self.notify(f"MQTT subscriber stopped: {self.subscriber_error}", title="nvmon", severity="error",
+                        markup=False, timeout=30)
+            self.refresh_data()
+
+    def refresh_data(self) -> None:
+        now = self.clock()
+        self.header_info = self._header(now)
+        self.alert_log.sync(self.state, now)
+        refresh = getattr(self.screen, "refresh_data", None) if self.screen_stack else None
+        if refresh is not None:
+            refresh(now)
+
+    def _header(self, now: float) -> HeaderInfo:
+        st = self.state
+        counts = st.counts(now)
+        newest = max((v.tick_rx for v in st.nodes.values() if v.tick_rx is not None), default=None)
+        stats = st.stats
+        info = HeaderInfo(source=self.source, cluster=self.cluster, nodes=len(st.nodes), online=counts["online"],
+                          stale=counts["stale"], offline=counts["offline"], dropped=stats.dropped,
+                          last_drop=stats.last_drop, fresh_s=None if newest is None else max(0.0, now - newest))
+        sub = self.subscriber
+        if sub is None:
+            return info
+        s = sub.status
+        return replace(info, rate_per_s=s.rate_per_s, connected=s.connected and self.subscriber_error is None,
+                       connecting=s.since is None and s.errors == 0 and self.subscriber_error is None,
+                       lost_for_s=None if s.since is None else max(0.0, now - s.since),
+                       error=self.subscriber_error or s.last_error)
+
+    # --- navigation ------------------------------------------------------------------------------
+
+    def open_node(self, key: NodeKey) -> None:
+        self.push_screen(NodeScreen(key))
+
+    def action_alerts(self) -> None:
+        if not isinstance(self.screen, AlertsScreen):
+            self.push_screen(AlertsScreen())
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())

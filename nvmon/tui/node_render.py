@@ -1,0 +1,311 @@
+"""The node screen's parts as Rich renderables, from one `NodeView` (pure).
+
+Every cell is a `Text` (Rich tables parse plain strings as markup); wire strings go through
+`clean`. Values the wire leaves unknown show as `–`.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from nvmon.fleet.state import NodeView
+from nvmon.tui.rows import CRIT_C, HOT_C, c_status
+from nvmon.tui.text import BAD, DIM, OK, SEVERITY_RANK, SEVERITY_STYLE, SYMBOL, WARN, age, clean, gbs, known, \
+    literal, pct_style, short_model
+
+BOARD_WORDS = {
+    "nvswitch": (OK, "all-to-all through NVSwitch: every GPU pair is NVLink-connected"),
+    "mesh": (OK, "direct NVLink mesh between GPUs (no NVSwitch)"),
+    "pairs": (WARN, "NVLink bridges in pairs only: NOT all-to-all (GPUs talk across pairs over PCIe)"),
+    "partial": (BAD, "partial NVLink: some GPU pairs are not connected"),
+    "none": (DIM, "no NVLink: GPUs talk over PCIe only"),
+}
+
+
+def T(text: object = "", style: str = "", limit: int = 256) -> Text:  # noqa: N802 - a cell constructor
+    return literal(text, style, limit)
+
+
+def _table(*headers: str, title: str) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, title=Text(title, style="bold"), title_justify="left", pad_edge=False,
+              padding=(0, 1), show_edge=False, expand=False)
+    for h in headers:
+        t.add_column(Text(h, style="bold"), no_wrap=True)
+    return t
+
+
+def _fit(table: Table) -> Table:
+    """Columns never narrower than their content: a narrow terminal scrolls sideways instead of
+    Rich squeezing every cell to an ellipsis."""
+    for col in table.columns:
+        cells = [c for c in col.cells if isinstance(c, Text)]
+        header = col.header.cell_len if isinstance(col.header, Text) else 0
+        col.min_width = max([header, *(c.cell_len for c in cells)])
+    return table
+
+
+def info(view: NodeView, now: float) -> Text:
+    live = view.liveness(now)
+    out = Text(end="")
+    out.append(view.node, "bold")
+    out.append(f"  cluster {view.cluster}", DIM)
+    if view.rack:
+        out.append("  rack ", DIM)
+        out.append(clean(view.rack, 64))
+    out.append("  ")
+    for text, style in c_status(view, live):
+        out.append(text, style)
+    inv = view.inventory
+    if inv is not None:
+        if inv.hostname:
+            out.append("  host ", DIM)
+            out.append(clean(inv.hostname, 64))
+        if inv.driver_version:
+            out.append("  driver ", DIM)
+            out.append(clean(inv.driver_version, 32))
+        if inv.nvml_error:
+            out.append(f"  {SYMBOL[BAD]} NVML: ", BAD)
+            out.append(clean(inv.nvml_error, 120), BAD)
+    if view.inventory_stale:
+        out.append(f"  {SYMBOL[WARN]} layout changed, waiting for the new inventory", WARN)
+    if view.dropped:
+        out.append(f"  {SYMBOL[WARN]} {view.dropped} bad messages dropped", WARN)
+    if view.labels:
+        out.append("\nlabels ", DIM)
+        for i, (k, v) in enumerate(sorted(view.labels.items())):
+            out.append(("  " if i else "") + clean(k, 64), "bold")
+            out.append("=" + clean(v, 128))
+    return out
+
+
+def _want_links(view: NodeView, index: int) -> int | None:
+    f = view.facts
+    if f is None:
+        return None
+    spec = (f.gpus.get(index) or f.fallback).spec
+    return spec.nvlink_links if spec is not None else None
+
+
+def gpu_table(view: NodeView) -> Table | Text:
+    t = view.tick
+    if t is None:
+        return Text("no sample yet", style=DIM)
+    models = {g.index: g for g in view.inventory.gpus} if view.inventory is not None else {}
+    table = _table("GPU", "model", "util", "temp", "power W", "PCIe", "PCIe GB/s", "NVLink GB/s", "links",
+                   "events", title="GPUs (GB/s: tx/rx)")
+    facts = view.facts
+    for g in t.gpus:
+        info_ = models.get(g.index)
+        model = T(short_model(info_.model if info_ else None))
+        if g.lost:
+            table.add_row(T(str(g.index), "bold"), model, T(f"{SYMBOL[BAD]} lost: fell off the bus", BAD))
+            continue
+        util = T("–" if g.utilization_pct is None else f"{g.utilization_pct:.0f}%", pct_style(g.utilization_pct))
+        temp = T("–", DIM)
+        if known(g.temperature_c):
+            st = BAD if g.temperature_c >= CRIT_C else WARN if g.temperature_c >= HOT_C else ""
+            temp = T((f"{SYMBOL[st]} " if st else "") + f"{g.temperature_c:.0f}°C", st)
+        power = T(f"{g.power_w or 0:.0f}/{g.power_limit_w or 0:.0f}" if known(g.power_w) else "–")
+        ref = (facts.gpus.get(g.index) or facts.fallback).power_ref_w if facts is not None else None
+        if ref and g.power_limit_w and g.power_limit_w < 0.95 * ref:
+            power = T(f"{SYMBOL[WARN]} {g.power_w or 0:.0f}/{g.power_limit_w:.0f} cap", WARN)
+        pcie = T("–", DIM)
+        if g.pcie_gen is not None and g.pcie_width is not None:
+            want_w = (facts.gpus.get(g.index) or facts.fallback).want_width if facts is not None else 0
+            bad = 0 < g.pcie_width < want_w
+            pcie = T(f"{SYMBOL[BAD if bad else OK]} Gen{g.pcie_gen} x{g.pcie_width}", BAD if bad else OK)
+        up = len(g.link_tx_pct) - len(g.links_down) - len(g.links_unknown)
+        want = _want_links(view, g.index)
+        links = T(f"{SYMBOL[BAD if g.links_down else OK]} {up}/{want if want is not None else len(g.link_tx_pct)}",
+                  BAD if g.links_down else OK) if g.link_tx_pct else T("–", DIM)
+        events = []
+        nerr = sum(d for kinds in g.link_errors.values() for d in kinds.values())
+        if nerr:
+            events.append(f"{SYMBOL[WARN]} NVLink err +{nerr}")
+        if g.pcie_replay_delta:
+            events.append(f"{SYMBOL[WARN]} replay +{g.pcie_replay_delta}")
+        if g.throttle_reasons:
+            events.append("throttle " + ",".join(clean(r, 24) for r in g.throttle_reasons[:3]))
+        table.add_row(T(str(g.index), "bold"), model, util, temp, power, pcie,
+                      T(f"{gbs(g.pcie_tx_bytes_per_s)}/{gbs(g.pcie_rx_bytes_per_s)}"),
+                      T(f"{gbs(g.nvlink_tx_bytes_per_s)}/{gbs(g.nvlink_rx_bytes_per_s)}"), links,
+                      T("  ".join(events), WARN if nerr or g.pcie_replay_delta else DIM))
+    return _fit(table)
+
+
+def _block(pct: float | None) -> str:
+    if pct is None:
+        return "?"
+    return "░" if pct < 5 else "▒" if pct < 40 else "▓" if pct < 75 else "█"
+
+
+def link_grid(view: NodeView) -> Text:
+    """GPU × link: utilization blocks; ✗ down, ! errors rising, ~ slower speed, ? unknown, · unused slot."""
+    t = view.tick
+    out = Text(end="")
+    out.append("NVLink per link", "bold")
+    out.append("  ░<5% ▒<40% ▓<75% █≥75% of link speed · ", DIM)
+    out.append("✗ down", BAD)
+    out.append(" ", DIM)
+    out.append("! errors", WARN)
+    out.append(" ~ slow  ? unknown  · unused\n", DIM)
+    if t is None or not any(g.link_tx_pct for g in t.gpus):
+        out.append("no NVLink links reported", DIM)
+        return out
+    width = max(len(g.link_tx_pct) for g in t.gpus)
+    out.append("      " + "".join(f"{n % 100:>2}"[-2:] + " " for n in range(width)) + "\n", DIM)
+    for g in t.gpus:
+        out.append(f"GPU{g.index:<3}", "bold")
+        want = _want_links(view, g.index)
+        for n in range(width):
+            if g.lost:
+                out.append(" ✗ ", BAD)
+                continue
+            if n >= len(g.link_tx_pct):
+                out.append("   ")
+                continue
+            tx, rx = g.link_tx_pct[n], g.link_rx_pct[n] if n < len(g.link_rx_pct) else None
+            pct = max((v for v in (tx, rx) if v is not None), default=None)
+            if n in g.links_down:
+                cell, style = (" ✗ ", BAD) if want is None or n < want else (" · ", DIM)
+            elif n in g.links_unknown:
+                cell, style = " ? ", WARN
+            elif n in g.link_errors:
+                cell, style = f" !{_block(pct)}"[:3], "bold yellow"
+            elif n in g.link_speed_mbps:
+                cell, style = f" ~{_block(pct)}"[:3], WARN
+            else:
+                cell, style = f" {_block(pct)}{_block(pct)}", pct_style(pct)
+            out.append(cell, style)
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def topology(view: NodeView) -> Text:
+    inv = view.inventory
+    out = Text(end="")
+    out.append("Topology  ", "bold")
+    if inv is None:
+        out.append("no inventory yet", DIM)
+        return out
+    cls = clean(inv.topology_class, 32)
+    style, words = BOARD_WORDS.get(inv.topology_class, (DIM, "unknown board class"))
+    node_spec = inv.spec.get("node") if isinstance(inv.spec, dict) else None
+    want = node_spec.get("topology") if isinstance(node_spec, dict) else None
+    if want is None and view.facts is not None and view.facts.fallback.spec is not None:
+        want = view.facts.fallback.spec.board
+    if want == inv.topology_class:
+        style = OK
+    elif want in ("nvswitch", "mesh") and inv.topology_class in ("pairs", "partial", "none"):
+        style = BAD
+    out.append(f"{SYMBOL.get(style, ' ')} {words} ", style)
+    out.append(f"[class {cls}" + (f", spec {clean(want, 16)}]" if want else "]"), DIM)
+    if inv.nvswitches:
+        out.append(f"  {len(inv.nvswitches)} NVSwitch chips", DIM)
+    m = inv.topology_matrix
+    if not m:
+        return out
+    n = len(m)
+    out.append("\n      " + "".join(f"{'GPU' + str(j):>6}" for j in range(n)) + "\n", "bold")
+    for i, row in enumerate(m):
+        out.append(f"{'GPU' + str(i):<6}", "bold")
+        for cell in row[:n]:
+            c = clean(cell, 5)
+            st = DIM if c == "X" else "green" if c.startswith("NV") else "yellow" if c in ("PIX", "PXB") else \
+                "red" if c == "SYS" else ""
+            out.append(f"{c:>6}", st)
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def ib_table(view: NodeView) -> Table | Text:
+    inv, t = view.inventory, view.tick
+    if inv is None or not inv.ib:
+        return Text("InfiniBand: no ports in the inventory", style=DIM)
+    ticks = {p.index: p for p in t.ib} if t is not None else {}
+    node_spec = inv.spec.get("node") if isinstance(inv.spec, dict) else None
+    want = node_spec.get("ib_rate_gbps") if isinstance(node_spec, dict) else None
+    want = want if isinstance(want, (int, float)) and not isinstance(want, bool) else \
+        max((p.rate_gbps or 0 for p in inv.ib), default=0) or None
+    table = _table("#", "port", "layer", "state", "rate", "tx/rx GB/s", "errors rising", title="InfiniBand")
+    for i, p in enumerate(inv.ib):
+        tk = ticks.get(i)
+        state = (tk.state or "?") if tk else "?"
+        phys = (tk.phys_state or "") if tk else ""
+        up = state.upper() == "ACTIVE" and (not phys or phys.lower() == "linkup")
+        rate = tk.rate_gbps if tk is not None and tk.rate_gbps is not None else p.rate_gbps
+        slow = up and want and rate and rate < want
+        eth = (p.link_layer or "").lower() == "ethernet"
+        st = BAD if not up else WARN if slow or eth else OK
+        errs = ", ".join(f"{clean(k, 24)} +{v}" for k, v in tk.errors_delta.items()) if tk else ""
+        table.add_row(T(str(i)), T(f"{p.device}:{p.port}"), T(p.link_layer or "?", WARN if eth else ""),
+                      T(f"{SYMBOL[st]} {state}" + (f"/{phys}" if phys and not up else ""), st),
+                      T(f"{rate:.0f}G" if rate else "–", WARN if slow else ""),
+                      T(f"{gbs(tk.tx_bytes_per_s)}/{gbs(tk.rx_bytes_per_s)}" if tk else "–"),
+                      T(errs or "–", WARN if errs else DIM))
+    return _fit(table)
+
+
+def _pcie_cell(gen, width, max_gen, max_width, judge_gen: bool = False) -> Text:
+    if gen is None or width is None:
+        return T(f"– (max Gen{max_gen or '?'} x{max_width or '?'})", DIM)
+    narrow = bool(max_width and 0 < width < max_width)
+    slow = bool(judge_gen and max_gen and gen < max_gen)
+    st = BAD if narrow else WARN if slow else OK
+    return T(f"{SYMBOL[st]} Gen{gen} x{width} of Gen{max_gen or '?'} x{max_width or '?'}", st)
+
+
+def pcie_table(view: NodeView) -> Table | Text:
+    inv, t = view.inventory, view.tick
+    if inv is None:
+        return Text("PCIe: no inventory yet", style=DIM)
+    ticks = {g.index: g for g in t.gpus} if t is not None else {}
+    table = _table("device", "bus id", "link now / max", "tx/rx GB/s", "replays", title="PCIe")
+    facts = view.facts
+    for g in inv.gpus:
+        tk = ticks.get(g.index)
+        want = (facts.gpus.get(g.index) or facts.fallback).want_width if facts is not None else g.pcie.max_width
+        table.add_row(T(f"GPU{g.index}", "bold"), T(g.bus_id or "?"),
+                      _pcie_cell(tk.pcie_gen if tk else None, tk.pcie_width if tk else None, g.pcie.max_gen,
+                                 want or g.pcie.max_width),
+                      T(f"{gbs(tk.pcie_tx_bytes_per_s)}/{gbs(tk.pcie_rx_bytes_per_s)}" if tk else "–"),
+                      T(f"+{tk.pcie_replay_delta}" if tk and tk.pcie_replay_delta else "–",
+                        WARN if tk and tk.pcie_replay_delta else DIM))
+    for p in inv.ib:
+        table.add_row(T(f"HCA {p.device}:{p.port}", "bold"), T(p.bus_id or "?"),
+                      _pcie_cell(p.pcie.gen, p.pcie.width, p.pcie.max_gen, p.pcie.max_width, judge_gen=True),
+                      T("–", DIM), T("–", DIM))
+    for s in inv.nvswitches:
+        table.add_row(T(f"NVSwitch ({clean(s.kind, 16)})", "bold"), T(s.bus_id),
+                      _pcie_cell(s.pcie.gen, s.pcie.width, s.pcie.max_gen, s.pcie.max_width), T("–", DIM),
+                      T("–", DIM))
+    return _fit(table)
+
+
+def alerts_block(view: NodeView, now: float) -> Text:
+    out = Text(end="")
+    out.append("Alerts  ", "bold")
+    if view.alerts is None or not view.alerts.alerts:
+        out.append(f"{SYMBOL[OK]} none active" if view.alerts is not None else "none published", OK if view.alerts
+                   else DIM)
+        return out
+    for a in sorted(view.alerts.alerts, key=lambda a: (SEVERITY_RANK.get(a.severity, 9), a.since)):
+        st = SEVERITY_STYLE.get(a.severity, DIM)
+        out.append(f"\n{SYMBOL.get(st, '?')} {clean(a.severity, 8):<8} ", st)
+        out.append(f"{clean(a.code, 40):<18} ", "bold")
+        out.append(clean(a.summary, 200))
+        out.append(f"  ({age(now - a.since)})", DIM)
+    if view.alerts.omitted:
+        out.append(f"\n… {view.alerts.omitted} more not published (size limit)", DIM)
+    return out
+
+
+def sections(view: NodeView, now: float) -> Group:
+    gap = Text(" ")
+    return Group(gpu_table(view), gap, link_grid(view), gap, topology(view), gap, ib_table(view), gap,
+                 pcie_table(view))

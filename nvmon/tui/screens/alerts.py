@@ -1,0 +1,178 @@
+"""The alerts screen: active alerts across the fleet, most severe first, then those this view saw
+resolve. Ack and silence are marks local to this view until the alert engine takes them."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.coordinate import Coordinate
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from nvmon.tui.alertlog import AlertLog, Row
+from nvmon.tui.text import DIM, OK, SEVERITY_STYLE, SYMBOL, age, clean, literal
+from nvmon.tui.widgets.header import StatusHeader
+
+# What to look at first, per finding code (docs/audit.md has the full story); an alert's
+# `runbook` / `runbook_url` label wins over these.
+HINTS = {
+    "nvlink.link_down": "reseat/replace the NVLink bridge or baseboard; nvidia-smi nvlink -s",
+    "nvlink.errors": "CRC/replay errors rising: check the link, drain if it grows; nvidia-smi nvlink -e",
+    "nvlink.topology": "not all-to-all: pairs-bridged or missing NVSwitch; hold the vendor to the spec",
+    "nvlink.speed": "link trained below spec speed; check firmware and cabling",
+    "pcie.width": "GPU trained narrower than x16: reseat the card or riser; lspci -vv LnkSta",
+    "pcie.gen": "PCIe below spec gen under load: BIOS link speed setting, riser, retimer",
+    "pcie.replay": "PCIe replays rising: signal integrity; reseat, check the riser",
+    "power.limit": "power limit set below spec: nvidia-smi -q -d POWER; rack budget or admin setting",
+    "power.cap": "GPU at its power limit / power-throttling: check cooling and the limit",
+    "thermal": "GPU hot: airflow, fans, inlet temperature",
+    "gpu.lost": "GPU fell off the bus: dmesg Xid 79; needs a node reboot or RMA",
+    "gpu.count": "fewer GPUs than expected: nvidia-smi -L, dmesg",
+    "ib.port_down": "IB port down: cable, switch port, ibstat",
+    "ib.rate": "IB port below spec rate (100G instead of 200/400G): cable or switch config; ibstat",
+    "ib.errors": "IB symbol/receive errors rising: cable or transceiver; perfquery",
+    "ib.count": "fewer IB ports than expected: HCA missing or in Ethernet mode",
+    "node.offline": "node offline: host down or daemon stopped; systemctl status nvmon-daemon",
+    "node.stale": "node silent: network or broker path; check the daemon's log",
+    "rack.power": "rack draw near its budget: spread jobs or lower power limits",
+}
+NOT_CONNECTED = "not yet connected to the alert engine: marked in this view only"
+
+
+def hint(alert) -> str:
+    labels = alert.labels or {}
+    return labels.get("runbook") or labels.get("runbook_url") or HINTS.get(alert.code, "")
+
+
+def where(alert) -> str:
+    parts = []
+    if alert.gpu is not None:
+        parts.append(f"GPU{alert.gpu}")
+    if alert.link is not None:
+        parts.append(f"L{alert.link}")
+    if alert.device is not None:
+        parts.append(clean(alert.device, 24) + (f":{alert.port}" if alert.port is not None else ""))
+    elif alert.port is not None:
+        parts.append(f"port {alert.port}")
+    return " ".join(parts)
+
+
+class AlertsScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("k", "ack", "Ack"),
+        Binding("x", "silence", "Silence"),
+        Binding("enter", "open_node", "Node"),
+        Binding("question_mark", "app.help", "Help"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self):
+        super().__init__(name="alerts")
+        self._rows: list[Row] = []
+        self._shown: list[tuple] = []
+
+    def compose(self) -> ComposeResult:
+        yield StatusHeader("alerts")
+        yield DataTable(id="alerts-table", cursor_type="row", cursor_foreground_priority="renderable")
+        yield Static(id="alerts-hint")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        for key, label, width in (("sev", "Sev", 6), ("node", "Node", 14), ("code", "Code", 17),
+                                  ("where", "Where", 12), ("state", "State", 14), ("summary", "Summary", 100)):
+            t.add_column(label, width=width, key=key)
+        self.refresh_data(self.app.now())
+        t.focus()
+
+    def refresh_data(self, now: float) -> None:
+        log: AlertLog = self.app.alert_log
+        rows = AlertLog.active(self.app.state) + list(log.resolved)
+        shown = [self._cells(r, now, log) for r in rows]
+        if shown == self._shown:
+            return
+        t = self.query_one(DataTable)
+        keep = self._selected_ident()
+        same_rows = [r.ident for r in rows] == [r.ident for r in self._rows] and t.row_count == len(rows)
+        old = self._shown
+        self._rows, self._shown = rows, shown
+        if same_rows:  # only ages or marks moved: rewrite the cells that differ
+            for i, (cells, before) in enumerate(zip(shown, old)):
+                for col, (c, b) in enumerate(zip(cells, before)):
+                    if c != b:
+                        t.update_cell_at(Coordinate(i, col), Text(c[0], style=c[1], no_wrap=True, end=""))
+        else:
+            t.clear()
+            for cells in shown:
+                t.add_row(*(Text(c, style=s, no_wrap=True, end="") for c, s in cells))
+            idents = [r.ident for r in rows]
+            if keep in idents:
+                t.move_cursor(row=idents.index(keep), animate=False)
+        self._show_hint()
+
+    def _cells(self, r: Row, now: float, log: AlertLog) -> tuple:
+        a = r.alert
+        sev_style = SEVERITY_STYLE.get(a.severity, DIM)
+        if r.resolved_at is not None:
+            state = (f"{SYMBOL[OK]} resolved {age(now - r.resolved_at)}", OK)
+            sev = (f"{SYMBOL[OK]} {clean(a.severity[:4])}", DIM)
+        else:
+            mark = " ack" if r.ident in log.acked else " muted" if r.ident in log.silenced else ""
+            state = (f"{clean(a.state, 8)} {age(now - a.since)}{mark}", DIM if mark else "")
+            sev = (f"{SYMBOL.get(sev_style, '?')} {clean(a.severity[:4])}", sev_style)
+        return (sev, (r.key[1], "bold"), (clean(a.code, 64), ""), (where(a), ""), state,
+                (clean(a.summary, 512), DIM if r.resolved_at is not None else ""))
+
+    def _selected_ident(self) -> str | None:
+        t = self.query_one(DataTable)
+        if not self._rows or not 0 <= t.cursor_row < len(self._rows):
+            return None
+        return self._rows[t.cursor_row].ident
+
+    def _selected(self) -> Row | None:
+        t = self.query_one(DataTable)
+        return self._rows[t.cursor_row] if self._rows and 0 <= t.cursor_row < len(self._rows) else None
+
+    def on_data_table_row_highlighted(self, event) -> None:
+        self._show_hint()
+
+    def on_data_table_row_selected(self, event) -> None:
+        event.stop()
+        self.action_open_node()
+
+    def _show_hint(self) -> None:
+        r = self._selected()
+        text = Text(no_wrap=False, end="")
+        if r is None:
+            text.append(f" {SYMBOL[OK]} no active alerts", OK)
+        else:
+            h = hint(r.alert)
+            text.append(f" {r.key[1]} ", "bold")
+            text.append_text(literal(r.alert.summary, limit=512))
+            text.append("\n runbook: ", "bold")
+            text.append_text(literal(h or "(none: see docs/audit.md)", style="" if h else DIM, limit=300))
+        self.query_one("#alerts-hint", Static).update(text)
+
+    def action_open_node(self) -> None:
+        r = self._selected()
+        if r is not None and r.key in self.app.state.nodes:
+            self.app.open_node(r.key)
+
+    def _mark(self, which: str) -> None:
+        r = self._selected()
+        if r is None or r.resolved_at is not None:
+            return
+        log: AlertLog = self.app.alert_log
+        marks = log.acked if which == "ack" else log.silenced
+        marks.symmetric_difference_update({r.ident})
+        verb = {"ack": "acknowledged", "silence": "silenced"}[which]
+        self.notify(f"{verb if r.ident in marks else 'un' + verb}: {NOT_CONNECTED}", title=which, markup=False)
+        self.refresh_data(self.app.now())
+
+    def action_ack(self) -> None:
+        self._mark("ack")
+
+    def action_silence(self) -> None:
+        self._mark("silence")

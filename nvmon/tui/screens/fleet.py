@@ -1,0 +1,142 @@
+"""The fleet screen: one row per node, sortable, filterable, grouped by rack on demand."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Static
+
+from nvmon.tui.rows import BY_KEY, COLUMN_KEYS
+from nvmon.tui.text import DIM, clean
+from nvmon.tui.widgets.fleet_table import FleetTable
+from nvmon.tui.widgets.header import StatusHeader
+
+
+class FleetScreen(Screen):
+    BINDINGS = [
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "next_sort", "Sort"),
+        Binding("r", "reverse", "Reverse"),
+        Binding("g", "group", "Racks"),
+        Binding("p", "problems", "Problems"),
+        Binding("a", "app.alerts", "Alerts"),
+        Binding("question_mark", "app.help", "Help"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, rack_budget_w: float | None = None):
+        super().__init__(name="fleet")
+        self.rack_budget_w = rack_budget_w
+
+    def compose(self) -> ComposeResult:
+        yield StatusHeader("fleet")
+        yield FleetTable(self.app.state, rack_budget_w=self.rack_budget_w, id="fleet-table")
+        yield Static(id="fleet-status")
+        yield Input(placeholder="filter: words in node/rack/model/labels; online stale offline problem",
+                    id="fleet-filter")
+        yield Footer()
+
+    @property
+    def table(self) -> FleetTable:
+        return self.query_one(FleetTable)
+
+    def on_mount(self) -> None:
+        self.query_one("#fleet-filter").display = False
+        self.refresh_data(self.app.now())
+        self.table.focus()
+
+    def on_screen_resume(self) -> None:
+        self.refresh_data(self.app.now())
+
+    def refresh_data(self, now: float) -> None:
+        self.table.sync(now)
+        self._show_status()
+
+    def _show_status(self) -> None:
+        t = self.table
+        col = BY_KEY[t.sort_column]
+        line = Text(no_wrap=True, overflow="ellipsis", end="")
+        line.append(f" {len(t._visible)}/{len(t.state.nodes)} shown", "bold")
+        line.append(f" · sort {col.label} {'▼' if t.reverse else '▲'}", DIM)
+        if t.grouped:
+            line.append(" · by rack", DIM)
+        if t.problems_only:
+            line.append(" · problems only", "yellow")
+        if t.query_text.strip():
+            line.append(" · filter ", DIM)
+            line.append(clean(t.query_text, 60), "bold")
+        self.query_one("#fleet-status", Static).update(line)
+
+    # --- actions -------------------------------------------------------------------------------
+
+    def action_open_node(self) -> None:
+        key = self.table.selected
+        if key is not None and key in self.app.state.nodes:
+            self.app.open_node(key)
+
+    def on_fleet_table_open_node(self, message: FleetTable.OpenNode) -> None:
+        self.app.open_node(message.key)
+
+    def on_fleet_table_header_clicked(self, event: FleetTable.HeaderClicked) -> None:
+        key = event.column
+        if key in BY_KEY:
+            t = self.table
+            if t.sort_column == key:
+                t.reverse = not t.reverse
+            else:
+                t.sort_column, t.reverse = key, False
+            t.resort(self.app.now())
+            self._show_status()
+
+    def action_next_sort(self) -> None:
+        t = self.table
+        t.sort_column = COLUMN_KEYS[(COLUMN_KEYS.index(t.sort_column) + 1) % len(COLUMN_KEYS)]
+        t.resort(self.app.now())
+        self._show_status()
+
+    def action_reverse(self) -> None:
+        self.table.reverse = not self.table.reverse
+        self.table.resort(self.app.now())
+        self._show_status()
+
+    def action_group(self) -> None:
+        self.table.grouped = not self.table.grouped
+        self.table.resort(self.app.now())
+        self._show_status()
+
+    def action_problems(self) -> None:
+        self.table.problems_only = not self.table.problems_only
+        self.table.refilter(self.app.now())
+        self._show_status()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        box.value = ""
+        box.display = False
+        self.table.query_text = ""
+        self.table.refilter(self.app.now())
+        self.table.focus()
+        self._show_status()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.table.query_text = event.value
+        self.table.refilter(self.app.now())
+        self._show_status()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        box = self.query_one("#fleet-filter", Input)
+        box.display = bool(box.value)
+        self.table.focus()
+
+    def on_key(self, event) -> None:
+        if event.key == "escape" and self.focused is self.query_one("#fleet-filter", Input):
+            event.stop()
+            self.action_clear_filter()

@@ -1,0 +1,399 @@
+"""The fleet table: one row per node, kept in step with a `FleetState` incrementally.
+
+A Line-API widget (`ScrollView`) rather than `DataTable`: DataTable re-renders every visible cell
+through Rich whenever any cell changes (its caches are keyed on one global update count), which
+costs hundreds of milliseconds a frame when a 1,000-node fleet ticks every second. Here each row
+is one cached `Strip`, rebuilt only when that row's cells changed; a frame crops the visible ones.
+
+`sync(now)` asks the state which nodes changed since the version it last drew
+(`changed_since`) and drops those rows' cached cells; a row's cells (cheap `(text, style)`
+tuples) and strip are computed again only when it is next painted, so a tick of the whole fleet
+costs the rows on screen, not all of them. Sort keys and the filter are judged per changed row.
+Rows are reordered (sort, rack groups, filter) by rewriting the order list; nothing is cleared.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from nvmon.fleet.state import FleetState, NodeKey
+from nvmon.tui.rows import BY_KEY, COLUMNS, is_problem, matches, row_segments
+from nvmon.tui.text import DIM, OK, SYMBOL, WARN, Segment as Cell, clean, kw, ratio_style
+
+RACK_PREFIX = "\x00rack:"  # row keys of rack group headers; node row keys are "cluster/node"
+NO_RACK = "(no rack)"
+PAD = 1  # spaces each side of a cell
+WIDTHS = [c.width + 2 * PAD for c in COLUMNS]
+TOTAL_WIDTH = sum(WIDTHS)
+
+
+def row_key(key: NodeKey) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+def node_key(row: str) -> NodeKey | None:
+    if row.startswith(RACK_PREFIX):
+        return None
+    cluster, _, node = row.partition("/")
+    return (cluster, node)
+
+
+@lru_cache(maxsize=256)
+def _style(spec: str) -> Style:
+    return Style.parse(spec) if spec else Style()
+
+
+def _cell(cells: tuple[Cell, ...], width: int) -> list[Segment]:
+    """One cell padded and cropped to `width` (+ padding), with an ellipsis when cut."""
+    out = [Segment(" " * PAD)]
+    used = 0
+    for text, style in cells:
+        if used >= width:
+            break
+        n = cell_len(text)
+        if used + n > width:
+            text, n = set_cell_size(text, width - used - 1) + "…", width - used
+        out.append(Segment(text, _style(style)))
+        used += n
+    out.append(Segment(" " * (width - used + PAD)))
+    return out
+
+
+def row_strip(cells: tuple[tuple[Cell, ...], ...]) -> Strip:
+    segments: list[Segment] = []
+    for col, c in zip(COLUMNS, cells):
+        segments += _cell(c, col.width)
+    return Strip(segments, TOTAL_WIDTH)
+
+
+class FleetTable(ScrollView, can_focus=True):
+    """See the module docstring. `sort_column`, `reverse`, `grouped`, `query_text` and
+    `problems_only` are plain attributes: change them, then call `resort` or `refilter`."""
+
+    COMPONENT_CLASSES = {"fleet-table--header", "fleet-table--cursor"}
+    DEFAULT_CSS = """
+    FleetTable { background: $surface; }
+    FleetTable > .fleet-table--header { background: $panel; text-style: bold; }
+    FleetTable > .fleet-table--cursor { background: $accent 35%; }
+    FleetTable:focus > .fleet-table--cursor { background: $accent 60%; }
+    """
+    BINDINGS = [
+        Binding("up", "cursor(-1)", "Up", show=False), Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", show=False), Binding("pagedown", "page(1)", show=False),
+        Binding("home", "cursor(-1000000000)", show=False), Binding("end", "cursor(1000000000)", show=False),
+        Binding("left", "scroll_left", show=False), Binding("right", "scroll_right", show=False),
+        Binding("enter", "select", "Node"),
+    ]
+    cursor_row: reactive[int] = reactive(0, always_update=False)
+
+    class OpenNode(Message):
+        def __init__(self, key: NodeKey):
+            super().__init__()
+            self.key = key
+
+    class HeaderClicked(Message):
+        def __init__(self, column: str):
+            super().__init__()
+            self.column = column
+
+    def __init__(self, state: FleetState, *, rack_budget_w: float | None = None, **kw):
+        super().__init__(**kw)
+        self.state, self.rack_budget_w = state, rack_budget_w
+        self.sort_column, self.reverse, self.grouped = "node", False, False
+        self.query_text, self.problems_only = "", False
+        self._version = -1  # never drawn
+        self._segs: dict[str, tuple] = {}  # row key → cells shown (absent: compute when painted)
+        # Rows taken in. Not their NodeViews: holding the old view would move the freeing of every
+        # replaced tick (thousands of objects a node) from the subscriber into our redraw.
+        self._rows: set[str] = set()
+        self._now = 0.0
+        self._strips: dict[str, Strip] = {}
+        self._sortval: dict[str, object] = {}
+        self._rack: dict[str, str] = {}
+        self._visible: set[str] = set()
+        self._aging: set[str] = set()  # rows whose status shows an age that ticks without changes
+        self._order: list[str] = []
+        self._index: dict[str, int] = {}
+
+    # --- the incremental redraw ---------------------------------------------------------------
+
+    def sync(self, now: float, *, reorder: bool = False) -> int:
+        """Bring the table up to the state at `now`; returns the number of rows redrawn."""
+        state = self.state
+        first = self._version < 0
+        changed = {row_key(k) for k in (state.nodes if first else state.changed_since(self._version))}
+        self._version = state.version
+        self._now = now
+        changed |= self._aging
+        nodes = state.nodes
+        need_order = reorder or first
+        drawn = 0
+        query, problems, col = self.query_text.strip(), self.problems_only, BY_KEY[self.sort_column]
+        for rk in changed:
+            key = node_key(rk)
+            view = nodes.get(key) if key is not None else None
+            if view is None:
+                need_order |= self._forget(rk)
+                continue
+            live = view.liveness(now)
+            if live.state == "online":
+                self._aging.discard(rk)
+            else:
+                self._aging.add(rk)
+            visible = (not query or matches(view, live, query)) and (not problems or is_problem(view, live))
+            old_sort = self._sortval.get(rk)
+            try:
+                self._sortval[rk] = col.sort(view, live)
+            except Exception:  # a hostile value that does not compare: sort it by name
+                self._sortval[rk] = None
+            rack = clean(view.rack, 64) if view.rack else NO_RACK
+            if self._rack.get(rk) != rack:
+                self._rack[rk] = rack
+                need_order |= self.grouped
+            if visible != (rk in self._visible):
+                need_order = True
+                (self._visible.add if visible else self._visible.discard)(rk)
+            elif visible and self._sortval[rk] != old_sort:
+                need_order = True
+            self._rows.add(rk)
+            if rk in self._aging:  # few rows: compare their cells now, so unchanged ages cost no repaint
+                drawn += self._draw(rk, row_segments(view, live))
+            else:
+                self._segs.pop(rk, None)
+                self._strips.pop(rk, None)
+                drawn += 1
+        if need_order:
+            self._reorder(now)
+        elif self.grouped:
+            self._draw_racks(now)
+        if drawn:
+            self.refresh()
+        return drawn
+
+    def resort(self, now: float) -> None:
+        """Recompute every sort key (the sort column changed) and reorder."""
+        col = BY_KEY[self.sort_column]
+        for rk in list(self._rows):
+            key = node_key(rk)
+            view = self.state.nodes.get(key) if key else None
+            if view is not None:
+                try:
+                    self._sortval[rk] = col.sort(view, view.liveness(now))
+                except Exception:
+                    self._sortval[rk] = None
+        self._reorder(now)
+
+    def refilter(self, now: float) -> None:
+        """Re-judge every row against the filter (the query or problems toggle changed)."""
+        query, problems = self.query_text.strip(), self.problems_only
+        self._visible = set()
+        for rk in list(self._rows):
+            key = node_key(rk)
+            view = self.state.nodes.get(key) if key else None
+            if view is None:
+                continue
+            live = view.liveness(now)
+            if (not query or matches(view, live, query)) and (not problems or is_problem(view, live)):
+                self._visible.add(rk)
+        self._reorder(now)
+
+    def _draw(self, rk: str, cells) -> int:
+        if self._segs.get(rk) == cells:
+            return 0
+        self._segs[rk] = cells
+        self._strips.pop(rk, None)  # rebuilt when next painted, if it is on screen
+        return 1
+
+    def _forget(self, rk: str) -> bool:
+        existed = rk in self._segs
+        existed |= rk in self._rows
+        self._rows.discard(rk)
+        for d in (self._segs, self._strips, self._sortval, self._rack):
+            d.pop(rk, None)
+        self._visible.discard(rk)
+        self._aging.discard(rk)
+        return existed
+
+    # --- order, groups ---------------------------------------------------------------------
+
+    def _ordered_nodes(self) -> list[str]:
+        keys = sorted(self._visible)  # row keys sort by cluster/node: the tie-break
+        if self.sort_column != "node":
+            val = self._sortval
+            have = [k for k in keys if val.get(k) is not None]
+            try:
+                have.sort(key=val.__getitem__, reverse=self.reverse)
+            except TypeError:  # values of different types (hostile input): keep name order
+                pass
+            keys = have + [k for k in keys if val.get(k) is None]  # unknown last, either way
+        elif self.reverse:
+            keys.reverse()
+        if self.grouped:
+            keys.sort(key=lambda k: (self._rack.get(k) == NO_RACK, self._rack.get(k, "")))
+        return keys
+
+    def _reorder(self, now: float) -> None:
+        current = self._cursor_key()
+        order = self._ordered_nodes()
+        if self.grouped:
+            grouped: list[str] = []
+            last = None
+            for rk in order:
+                rack = self._rack.get(rk, NO_RACK)
+                if rack != last:
+                    grouped.append(RACK_PREFIX + rack)
+                    last = rack
+                grouped.append(rk)
+            order = grouped
+        self._order = order
+        self._index = {rk: i for i, rk in enumerate(order)}
+        if self.grouped:
+            self._draw_racks(now)
+        self.virtual_size = Size(TOTAL_WIDTH, len(order) + 1)
+        if current in self._index:
+            self.cursor_row = self._index[current]
+        self.cursor_row = max(0, min(self.cursor_row, len(order) - 1))
+        self.refresh()
+
+    def _draw_racks(self, now: float) -> None:
+        counts: dict[str, int] = {}
+        for rk in self._visible:
+            rack = self._rack.get(rk, NO_RACK)
+            counts[rack] = counts.get(rack, 0) + 1
+        budget = self.rack_budget_w
+        for rack, power in self.state.racks(now).items():
+            name = clean(rack, 64) if rack is not None else NO_RACK
+            rk = RACK_PREFIX + name
+            if rk not in self._index:
+                continue
+            style = ratio_style(power.power_w, budget) if budget else DIM
+            power_cell = (f"{SYMBOL[style]} {kw(power.power_w)}/{kw(budget)}kW", style) if budget else \
+                (f"{kw(power.power_w)}/{kw(power.power_limit_w)}kW", "bold")
+            down = power.nodes - power.reporting
+            shown = counts.get(name, 0)
+            # A group header borrows the first columns (visible on 80 columns) for the rack's totals.
+            cells = {
+                "node": (("▾ " + name, "bold reverse"),),
+                "status": ((f"{SYMBOL[WARN]} {down} down", WARN),) if down else ((f"{SYMBOL[OK]} all up", OK),),
+                "alerts": ((f"{power.nodes} nodes", "bold"),),
+                "links": (power_cell,),
+                "pcie": (("rack budget" if budget else "Σ GPU limits", DIM),),
+                "ib": ((f"{shown} shown", DIM),) if shown != power.nodes else (),
+            }
+            if self._draw(rk, tuple(cells.get(c.key, ()) for c in COLUMNS)):
+                self.refresh()
+
+    # --- painting --------------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.size.width
+        if y == 0:
+            strip = self._header()
+        else:
+            index = scroll_y + y - 1
+            if index >= len(self._order):
+                return Strip.blank(width, self.rich_style)
+            rk = self._order[index]
+            strip = self._strips.get(rk)
+            if strip is None:
+                strip = self._strips[rk] = row_strip(self._cells(rk))
+            if index == self.cursor_row:
+                strip = strip.apply_style(self.get_component_rich_style("fleet-table--cursor"))
+        # the node column stays put when scrolling sideways
+        first = WIDTHS[0]
+        if scroll_x:
+            strip = Strip.join([strip.crop(0, first), strip.crop(first + scroll_x, first + scroll_x + width - first)])
+        return strip.crop_extend(0, width, self.rich_style)
+
+    def _header(self) -> Strip:
+        style = self.get_component_rich_style("fleet-table--header")
+        cells = []
+        for c in COLUMNS:
+            mark = (" ▼" if self.reverse else " ▲") if c.key == self.sort_column else ""
+            cells.append(((c.label + mark, ""),))
+        return row_strip(tuple(cells)).apply_style(style)
+
+    def watch_cursor_row(self, old: int, new: int) -> None:
+        self.refresh()
+        top = self.scroll_offset.y
+        visible = max(1, self.size.height - 1)
+        if new < top:
+            self.scroll_to(y=new, animate=False)
+        elif new >= top + visible:
+            self.scroll_to(y=new - visible + 1, animate=False)
+
+    def _cells(self, rk: str) -> tuple:
+        cells = self._segs.get(rk)
+        if cells is None:
+            key = node_key(rk)
+            view = self.state.nodes.get(key) if key is not None else None
+            cells = ((),) * len(COLUMNS) if view is None else row_segments(view, view.liveness(self._now))
+            self._segs[rk] = cells
+        return cells
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+
+    # --- selection and input ----------------------------------------------------------------
+
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
+
+    def _cursor_key(self) -> str | None:
+        return self._order[self.cursor_row] if 0 <= self.cursor_row < len(self._order) else None
+
+    @property
+    def selected(self) -> NodeKey | None:
+        rk = self._cursor_key()
+        return node_key(rk) if rk else None
+
+    def move_cursor(self, row: int) -> None:
+        self.cursor_row = max(0, min(row, len(self._order) - 1))
+
+    def row_cells(self, row: int) -> dict[str, str]:
+        """The plain text of a row's cells by column key (tests, accessibility)."""
+        cells = self._cells(self._order[row])
+        return {c.key: "".join(t for t, _ in cell) for c, cell in zip(COLUMNS, cells)}
+
+    def action_cursor(self, delta: int) -> None:
+        self.move_cursor(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        self.move_cursor(self.cursor_row + direction * max(1, self.size.height - 2))
+
+    def action_select(self) -> None:
+        key = self.selected
+        if key is not None and key in self.state.nodes:
+            self.post_message(self.OpenNode(key))
+
+    def on_click(self, event: events.Click) -> None:
+        scroll_x, scroll_y = self.scroll_offset
+        if event.y == 0:
+            x = event.x if event.x < WIDTHS[0] else event.x + scroll_x
+            edge = 0
+            for col, w in zip(COLUMNS, WIDTHS):
+                edge += w
+                if x < edge:
+                    self.post_message(self.HeaderClicked(col.key))
+                    return
+            return
+        row = scroll_y + event.y - 1
+        if 0 <= row < len(self._order):
+            again = row == self.cursor_row or event.chain > 1
+            self.move_cursor(row)
+            if again:
+                self.action_select()
