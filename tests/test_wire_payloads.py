@@ -10,6 +10,7 @@ import pytest
 from nvmon.collect.node import NodeSampler
 from nvmon.sim.node import SimNode
 from nvmon.specs import NodeSpec
+from nvmon.fleet.summary import Facts
 from nvmon.wire.contract import (
     MAX_PAYLOAD_BYTES,
     Alert,
@@ -179,6 +180,9 @@ def test_inventory_reads_back():
     assert [(p.device, p.port, p.rate_gbps) for p in inv.ib] == [(p.device, p.port, p.rate_gbps) for p in s.ib]
     assert len(inv.nvswitches) == 4 and inv.driver_version == s.nvml.driver_version
     assert inv.spec["node"]["gpus"] == 8 and inv.spec["models"][0]["key"] == "H100-SXM"
+    # Counts stay integers through the reader: the fleet view compares ib_ports with ports up.
+    assert type(inv.spec["node"]["ib_ports"]) is int and type(inv.spec["models"][0]["power_limit_w"]) is int
+    assert Facts.of(inv).ib_expected == 8
 
 
 def test_inventory_must_match_its_topic():

@@ -91,8 +91,22 @@ def c_links(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         return (("no NVLink", DIM),)
     want = "?" if s.links_expected is None else str(s.links_expected)
     err = nvlink_error_rate(v)
-    head = _mark(BAD if s.links_down else OK, f"{s.links_active}/{want}")
+    topo = v.inventory.topology_class if v.inventory is not None else None
+    if topo in SPLIT_TOPOLOGIES:  # every link up, yet not all-to-all: the "fake 8-card NVLink" box
+        style = BAD if s.links_down or _expected_topology(v) == "nvswitch" else WARN
+        head = _mark(style, f"{topo} {s.links_active}/{want}")
+    else:
+        head = _mark(BAD if s.links_down else OK, f"{s.links_active}/{want}")
     return head + (((f" ⚠{err:.0f}/s", WARN),) if err > 0 else ())
+
+
+SPLIT_TOPOLOGIES = ("pairs", "partial")
+
+
+def _expected_topology(v: NodeView) -> str | None:
+    node = v.inventory.spec.get("node") if v.inventory is not None and isinstance(v.inventory.spec, dict) else None
+    want = node.get("topology") if isinstance(node, dict) else None
+    return want if isinstance(want, str) else None
 
 
 def c_pcie(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -244,6 +258,8 @@ def is_problem(v: NodeView, live: Liveness) -> bool:
     s = v.summary
     if s is None:
         return False
+    if v.inventory is not None and v.inventory.topology_class in SPLIT_TOPOLOGIES:
+        return True
     return bool(s.gpus_lost or s.links_down or s.pcie_degraded or s.power_capped or s.ib_ethernet
                 or (s.ib_expected is not None and s.ib_up < s.ib_expected) or nvlink_error_rate(v) > 0
                 or (known(s.hottest_c) and s.hottest_c >= HOT_C))

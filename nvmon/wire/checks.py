@@ -141,6 +141,10 @@ def plain(v: object, path: str, depth: int = 0) -> Any:
         return [plain(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(array(v, path, MAX_GPUS))]
     if isinstance(v, bool) or v is None:
         return v
-    if isinstance(v, (int, float)):
+    if isinstance(v, int):  # stays an int: counts in the spec (ib_ports = 8) are compared as such
+        if not -10**15 <= v <= 10**15:
+            raise WireError(f"{path}: {v!r:.24} outside -1e+15..1e+15")
+        return v
+    if isinstance(v, float):
         return number(v, path, -1e15, 1e15)
     return text(v, path)
