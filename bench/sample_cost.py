@@ -57,7 +57,7 @@ def main() -> None:
         sampler.sample()
         now[0] += 1.0
 
-    calls0 = sampler.nvml.calls[0]
+    calls0, event_calls0 = sampler.nvml.calls[0], sampler.nvml.event_calls[0]
     sample_ms, sync_ms, driver_ms = [], [], []
     for _ in range(args.samples):
         now[0] += 1.0
@@ -72,6 +72,7 @@ def main() -> None:
         driver_ms.append(driver[0] * 1e3)
     own_ms = [a - b for a, b in zip(sample_ms, driver_ms)]
     calls = (sampler.nvml.calls[0] - calls0) / args.samples / gpus
+    event_calls = (sampler.nvml.event_calls[0] - event_calls0) / args.samples
     assert len(s.gpus) == gpus
     links = sum(len(g.nvlink) for g in s.gpus)
 
@@ -79,6 +80,8 @@ def main() -> None:
     print(f"machine          {platform.node()} {platform.machine()} Python {platform.python_version()}")
     print(f"samples          {args.samples}")
     print(f"NVML calls       {calls:.2f} per GPU per steady-state tick (target <= 2)")
+    print(f"                 + {event_calls:.2f} per node per tick for Xid events (one non-blocking "
+          f"nvmlEventSetWait_v2, +1 per event)")
     print(f"CPU per sample   nvmon's own code: median {statistics.median(own_ms):.2f} ms, "
           f"p95 {statistics.quantiles(own_ms, n=20)[-1]:.2f} ms (target <= 5 ms)")
     print(f"                 + simulated libnvidia-ml: median {statistics.median(driver_ms):.2f} ms "

@@ -3,8 +3,8 @@
 This is the single definition of "what is wrong with this node": `nvmon audit` prints the findings
 and the alert rules key on the same codes, so a condition is defined once. The rules (codes,
 severities, what counts as healthy) are listed in `RULES`; each fault is reported on its own GPU,
-link or port, and a finding is unique per (code, gpu, link, device, port), so that tuple can be
-an alert's identity.
+link or port, and a finding is unique per (code, gpu, link, device, port, xid), so that tuple can
+be an alert's identity.
 
 Two hardware facts shape the rules:
 - GPUs lower their PCIe generation when idle to save power, so a low gen is judged only under load;
@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
+from nvmon import xid as xids
 from nvmon.model import GpuSample, IbPortSample, Sample, to_jsonable
 from nvmon.specs import IB_RATE_NAMES, GpuSpec, NodeSpec, gpu_spec_for
 
@@ -33,6 +34,7 @@ THERMAL_THROTTLES = ("sw_thermal", "hw_thermal", "hw_slowdown")
 
 RULES: dict[str, str] = {  # code → severity; the documented, stable set
     "nvml.unavailable": "warning", "gpu.count": "critical", "gpu.lost": "critical", "gpu.model": "info",
+    "gpu.xid": "critical",  # the most severe; each finding carries its Xid's own (nvmon/xid.py)
     "nvlink.link_down": "critical", "nvlink.topology": "critical", "nvlink.board": "info",
     "nvlink.speed": "warning", "nvlink.errors": "warning",
     "pcie.width": "warning", "pcie.gen": "warning", "pcie.replay": "warning",
@@ -67,6 +69,7 @@ class Finding:
     port: int | None = None
     observed: Any = None
     expected: Any = None
+    xid: int | None = None  # gpu.xid: the Xid number (also in `observed`), part of the identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,17 @@ def _fmt_rate(gbps: float | None) -> str:
 
 
 # ---------------------------------------------------------------- GPUs
+
+
+def _check_xid(gpu: GpuSample) -> list[Finding]:
+    """One finding per Xid number delivered this tick (an event, not a state: the alert rule holds it)."""
+    counts: dict[int, int] = {}
+    for x in gpu.xid_events:
+        counts[x] = counts.get(x, 0) + 1
+    return [Finding(code="gpu.xid", severity=xids.severity(x),
+                    message=f"GPU {gpu.index} Xid {x}, {xids.meaning(x)} (+{n}): {xids.action(x)}",
+                    gpu=gpu.index, observed={"xid": x, "events": n}, xid=x)
+            for x, n in counts.items()]
 
 
 def _check_nvlink(gpu: GpuSample, spec: GpuSpec, t: Thresholds) -> list[Finding]:
@@ -418,6 +432,8 @@ def audit(sample: Sample, node_spec: NodeSpec = NodeSpec(), thresholds: Threshol
                 observed=len(sample.gpus), expected=node_spec.gpus))
         unknown_names: dict[str, list[int]] = {}
         for gpu in sample.gpus:
+            if gpu.xid_events:  # before the lost check: Xid 79 arrives as the GPU goes lost
+                findings += _check_xid(gpu)
             if gpu.lost:
                 findings.append(_finding(
                     "gpu.lost", f"GPU {gpu.index} lost (fell off the bus): check dmesg for Xid 79, reset or reboot",

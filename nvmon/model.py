@@ -75,6 +75,9 @@ class GpuSample:
     nvlink: tuple[NvLinkSample, ...] = ()
     nvlink_count: int | None = None  # links present (NVML_FI_DEV_NVLINK_LINK_COUNT)
     notes: tuple[str, ...] = ()
+    # Xid numbers of the NVML Xid-critical-error events delivered this tick, in arrival order
+    # (999 = an Xid NVML could not identify). Events, not state: empty on most ticks.
+    xid_events: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

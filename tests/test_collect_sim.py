@@ -263,3 +263,84 @@ def test_square_integral_is_monotonic_and_matches_average():
     xs = [square_integral(t / 10, shape, 0.7) for t in range(200)]
     assert all(b >= a for a, b in zip(xs, xs[1:]))
     assert square_integral(20.0, shape, 0.7) == pytest.approx(20.0 * (0.45 * 0.8 + 0.55 * 0.02))
+
+
+# -- Xid critical-error events (NVML event set, drained once a tick) ------------------------------
+
+
+def test_xid_event_reaches_its_gpu_once_and_the_drain_is_one_call_per_node():
+    node, sampler, clock = make("hgx-h100,xid=3:79@2,xid=5:13@2,xid=5:13@2")
+    try:
+        ev = sampler.nvml.events
+        assert ev.set is not None and ev.registered == set(range(8))
+        seen = []
+        for _ in range(6):
+            before, gpu_calls = ev.calls[0], sampler.nvml.calls[0]
+            s = sampler.sample()
+            seen.append({g.index: g.xid_events for g in s.gpus if g.xid_events})
+            drained = sum(len(x) for x in seen[-1].values())
+            assert ev.calls[0] - before == 1 + drained  # one wait that times out, plus one per event
+            assert sampler.nvml.calls[0] - gpu_calls <= 8 * 4  # the per-GPU budget is counted apart
+            clock.t += 1
+        assert seen == [{}, {}, {3: (79,), 5: (13, 13)}, {}, {}, {}]  # delivered once, to its GPU
+        assert not s.gpus[3].lost  # the event only: no gpu_lost fault was given
+        assert "xid_events" not in s.nvml.capabilities
+        sampler.close()
+        assert ev.set is None and node.nvml.nvmlLib.event_sets == {}  # nvmlEventSetFree ran
+    finally:
+        node.close()
+
+
+def test_xid_registration_not_supported_on_one_gpu_is_a_capability_not_a_crash():
+    node, sampler, clock = make("hgx-h100,notsup=xid_events:6,xid=6:48,xid=2:48")
+    try:
+        s = sampler.sample()
+        assert s.nvml.capabilities["unsupported"]["xid_events"] == [6]
+        assert sampler.nvml.events.registered == set(range(8)) - {6}
+        assert {g.index: g.xid_events for g in s.gpus if g.xid_events} == {2: (48,)}
+        assert len(s.gpus) == 8 and all(not g.lost for g in s.gpus)
+        clock.t += 1
+        assert all(not g.xid_events for g in sampler.sample().gpus)  # GPU 6 was never registered
+    finally:
+        node.close()
+
+
+def test_xid_wait_error_is_counted_not_raised():
+    node, sampler, clock = make("hgx-h100,xid=1:74")
+    try:
+        node.nvml.nvmlLib.event_wait_error = 999  # NVML_ERROR_UNKNOWN from nvmlEventSetWait_v2
+        s = two_ticks(sampler, clock)
+        assert len(s.gpus) == 8 and all(not g.xid_events for g in s.gpus)
+        ev = s.nvml.capabilities["xid_events"]
+        assert ev["wait_errors"] == 2 and "Unknown Error" in ev["last_wait_error"]
+        node.nvml.nvmlLib.event_wait_error = 0  # the driver recovers: the event was kept, not lost
+        assert sampler.sample().gpus[1].xid_events == (74,)
+    finally:
+        node.close()
+
+
+def test_xid_79_with_the_gpu_lost_reaches_the_lost_sample():
+    node, sampler, clock = make("hgx-h100,xid=4:79@1,gpu_lost=4@1")
+    try:
+        s = two_ticks(sampler, clock)
+        assert s.gpus[4].lost and s.gpus[4].xid_events == (79,)
+        clock.t += 1
+        assert sampler.sample().gpus[4].xid_events == ()
+    finally:
+        node.close()
+
+
+def test_no_xid_event_set_means_no_wait_and_every_gpu_reports_the_capability(monkeypatch):
+    node = SimNode("hgx-h100")
+    try:
+        monkeypatch.delattr(type(node.nvml.nvmlLib), "nvmlEventSetCreate")  # an old / non-Linux driver
+        c = NvmlCollector(node.nvml)
+        assert c.open().available
+        assert c.events.set is None and "nvmlEventSetCreate" in c.events.error
+        before = c.event_calls[0]
+        c.collect(node.board.clock())
+        assert c.event_calls[0] == before  # nothing registered: no wait at all
+        assert c.capabilities()["unsupported"]["xid_events"] == list(range(8))
+        c.close()
+    finally:
+        node.close()

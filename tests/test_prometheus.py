@@ -222,6 +222,17 @@ def test_infiniband_pci_topology_and_audit():
     assert value(fams, "nvmon_audit_verdict", verdict=report.verdict) == 1
 
 
+def test_last_xid_per_gpu_like_dcgm_exporter():
+    s = healthy_sample()
+    snap = advance(None, s)
+    assert value(parse(exposition_of(snap)), "DCGM_FI_DEV_XID_ERRORS", gpu="3") == 0
+    snap = advance(snap, with_gpu(replace(s, ts=s.ts + 1), 3, xid_events=(48, 79)))
+    snap = advance(snap, replace(s, ts=s.ts + 2))  # the value stays: it is the last Xid seen
+    fams = parse(exposition_of(snap))
+    assert value(fams, "DCGM_FI_DEV_XID_ERRORS", gpu="3") == 79
+    assert value(fams, "DCGM_FI_DEV_XID_ERRORS", gpu="2") == 0
+
+
 def test_pairs_board_topology():
     fams = parse(render(healthy_sample(name="NVIDIA H100 PCIe")))
     assert value(fams, "nvmon_topology_class", **{"class": "pairs"}) == 1

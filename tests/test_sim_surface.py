@@ -11,6 +11,7 @@ import pynvml
 import pytest
 
 import nvmon.collect.nvml as collector_module
+import nvmon.collect.nvml_events as events_module
 from nvmon.collect import nvml_fields
 from nvmon.collect.nvml import NvmlCollector
 from nvmon.sim.board import SimBoard
@@ -58,7 +59,14 @@ def test_fake_symbol_exists_in_pynvml_with_same_arity(symbol):
 
 
 def _names_used_by_collector() -> set[str]:
-    tree = ast.parse(Path(collector_module.__file__).read_text())
+    names = set()
+    for module in (collector_module, events_module):
+        names |= _module_names(module)
+    return names
+
+
+def _module_names(module) -> set[str]:
+    tree = ast.parse(Path(module.__file__).read_text())
     names = set()
     for node in ast.walk(tree):
         # `nv.<name>` or `self.nvml.<name>`: the pynvml module the collector was given
@@ -73,6 +81,8 @@ def _names_used_by_collector() -> set[str]:
 def test_every_pynvml_name_the_collector_uses_exists():
     used = _names_used_by_collector()
     assert {"nvmlDeviceGetFieldValues", "nvmlDeviceGetHandleByIndex", "NVMLError_GpuIsLost"} <= used
+    assert {"nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
+            "nvmlEventTypeXidCriticalError", "NVMLError_Timeout"} <= used
     missing = sorted(n for n in used if not hasattr(pynvml, n))
     assert not missing, f"collector uses names the installed pynvml lacks: {missing}"
 
@@ -156,3 +166,31 @@ def test_real_pynvml_without_driver_is_reported_not_raised():
     assert status.available is False
     assert "libnvidia-ml.so.1" in status.error
     assert c.collect(0.0) == ()
+
+
+def test_sim_xid_events_through_the_real_event_wrappers():
+    """nvmlEventSetCreate / RegisterEvents / EventSetWait_v2 / EventSetFree: pynvml's own ctypes
+    types and error classes, one delivery per event, TIMEOUT when the queue is empty."""
+    sim = load_sim_pynvml(SimBoard(parse_scenario("hgx-h100,xid=3:79")))
+    sim.nvmlInit()
+    es = sim.nvmlEventSetCreate()
+    assert type(es) is sim.c_nvmlEventSet_t
+    h = sim.nvmlDeviceGetHandleByIndex(3)
+    with pytest.raises(sim.NVMLError_Timeout):  # nothing registered: nothing delivered
+        sim.nvmlEventSetWait_v2(es, 0)
+    assert sim.nvmlDeviceRegisterEvents(h, sim.nvmlEventTypeXidCriticalError, es) is None
+    data = sim.nvmlEventSetWait_v2(es, 0)
+    assert type(data).__name__ == "c_nvmlEventData_t"
+    assert (data.eventType, data.eventData) == (sim.nvmlEventTypeXidCriticalError, 79)
+    assert (data.gpuInstanceId, data.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+    assert sim.nvmlDeviceGetIndex(data.device) == 3  # the event's device is a usable handle
+    with pytest.raises(sim.NVMLError_Timeout):  # delivered once
+        sim.nvmlEventSetWait(es, 0)
+    assert sim.nvmlEventSetFree(es) is None
+    with pytest.raises(sim.NVMLError_InvalidArgument):
+        sim.nvmlEventSetWait_v2(es, 0)
+    notsup = load_sim_pynvml(SimBoard(parse_scenario("hgx-h100,notsup=xid_events:2")))
+    notsup.nvmlInit()
+    es = notsup.nvmlEventSetCreate()
+    with pytest.raises(notsup.NVMLError_NotSupported):
+        notsup.nvmlDeviceRegisterEvents(notsup.nvmlDeviceGetHandleByIndex(2), notsup.nvmlEventTypeXidCriticalError, es)

@@ -7,6 +7,8 @@ payload KiB, replay/recovery/CRC counters) plus ONE getter taken in turn from a 
 throttle reasons and utilization come every 2–3 ticks and temperature, PCIe gen/width and the
 enforced power limit every 20 (they change slowly, and a value not re-read is carried over).
 Power is the energy counter's slope over the interval, i.e. the true average.
+Xid critical-error events come from one NVML event set per node (`nvml_events`), drained without
+blocking once a tick: +1 NVML call per node per tick (+1 per event), counted apart in `event_calls`.
 
 Errors: one chokepoint (`_Gpu.call`) turns NVML errors into (a) "unsupported" — recorded once as a
 capability and the query dropped —, (b) `_Lost`, which marks that GPU lost, or (c) a note on the
@@ -17,11 +19,12 @@ from __future__ import annotations
 
 import itertools
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nvmon.collect import nvml_fields as F
 from nvmon.collect.nvml_batch import FieldBatch
+from nvmon.collect.nvml_events import XidEvents
 from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus, PcieLink
 
 LINK_KEYS = ("state", "speed", "tx", "rx") + NVLINK_ERROR_KINDS
@@ -116,6 +119,8 @@ class NvmlCollector:
         self.gpus: list[_Gpu] = []
         self.calls = [0]  # NVML calls made, for the cost benchmark
         self.direct_fields: bool | None = None  # None: FieldBatch decides (tests force both paths)
+        self.events = XidEvents(nvml)
+        self.event_calls = self.events.calls  # per-node NVML calls for Xid events, apart from `calls`
         self._opened = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -140,6 +145,7 @@ class NvmlCollector:
             self.status = NvmlStatus(available=False, error=f"NVML: {e}", driver_version=driver)
             return self.status
         self.gpus = [_Gpu(nv, i, self.calls) for i in range(count)]
+        self.events.open()
         for g in self.gpus:
             self._open_gpu(g)
         self.status = NvmlStatus(available=True, driver_version=driver, nvml_version=nvml_version)
@@ -147,6 +153,7 @@ class NvmlCollector:
 
     def close(self) -> None:
         if self._opened:
+            self.events.close()
             try:
                 self.nvml.nvmlShutdown()
             except self.nvml.NVMLError:
@@ -159,7 +166,12 @@ class NvmlCollector:
         for g in self.gpus:
             for what in sorted(g.unsupported):
                 caps.setdefault(what, []).append(g.index)
-        return {"unsupported": caps}
+        out: dict[str, Any] = {"unsupported": caps}
+        ev = self.events
+        if ev.error or ev.errors or ev.unattributed:  # Xid events: only when something is wrong
+            out["xid_events"] = {"error": ev.error, "wait_errors": ev.errors, "last_wait_error": ev.last_error,
+                                 "unattributed": ev.unattributed}
+        return out
 
     # -- static facts ----------------------------------------------------------------------
 
@@ -183,6 +195,7 @@ class NvmlCollector:
             g.device_max_gen = _num(g.call("pcie_gpu_max_gen", nv.nvmlDeviceGetGpuMaxPcieLinkGeneration, g.handle))
             g.max_width = _num(g.call("pcie_max_width", nv.nvmlDeviceGetMaxPcieLinkWidth, g.handle))
             self._open_links(g)
+            self.events.register(g)
         except _Lost:
             g.lost = True
             return
@@ -278,7 +291,11 @@ class NvmlCollector:
         """One tick: a GpuSample per GPU (lost ones marked lost). Never raises for one GPU's failure."""
         if not self.status.available:
             return ()
-        return tuple(self._collect_gpu(g) for g in self.gpus)
+        xids = self.events.drain()  # first: an Xid 79 arrives as its GPU goes lost
+        gpus = tuple(self._collect_gpu(g) for g in self.gpus)
+        if xids:
+            gpus = tuple(replace(s, xid_events=xids[s.index]) if s.index in xids else s for s in gpus)
+        return gpus
 
     def _collect_gpu(self, g: _Gpu) -> GpuSample:
         if g.lost:
@@ -291,6 +308,7 @@ class NvmlCollector:
             return self._read_hot(g)
         except _Lost:
             g.lost, g.handle = True, None
+            self.events.forget(g.index)
             return self._lost_sample(g)
 
     def _lost_sample(self, g: _Gpu) -> GpuSample:

@@ -62,6 +62,7 @@ DCGM = (
     _m("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "gauge", "GPU", "PCIe Max Link Generation."),
     _m("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "gauge", "GPU", "PCIe Max Link Width."),
     _m("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "GPU", "Total number of PCIe retries."),
+    _m("DCGM_FI_DEV_XID_ERRORS", "gauge", "GPU", "Value of the last XID error encountered."),
     _m("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "counter", "GPU",
        "Total number of bytes transmitted through PCIe TX (in KB) via NVML."),
     _m("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "counter", "GPU",

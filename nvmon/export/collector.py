@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
 
@@ -80,6 +80,7 @@ class Snapshot:
     sample: Sample
     nvlink_bytes: Mapping[int, LinkBytes]  # gpu index → its links' (tx, rx) bytes
     ib_bytes: Mapping[tuple[str, int], tuple[float, float]]  # (device, port) → (tx, rx) bytes
+    last_xid: Mapping[int, int] = field(default_factory=dict)  # gpu index → the last Xid seen since start
 
     def link_bytes(self, gpu: int, link: int) -> tuple[float, float]:
         lb = self.nvlink_bytes[gpu]
@@ -120,7 +121,10 @@ def advance(prev: Snapshot | None, sample: Sample) -> Snapshot:
             tx += (p.tx_bytes_per_s or 0.0) * dt
             rx += (p.rx_bytes_per_s or 0.0) * dt
         ib[key] = (tx, rx)
-    return Snapshot(sample, nv, ib)
+    last_xid = prev.last_xid if prev is not None else {}
+    if any(g.xid_events for g in sample.gpus):  # a new dict: snapshots are shared with the HTTP thread
+        last_xid = {**last_xid, **{g.index: g.xid_events[-1] for g in sample.gpus if g.xid_events}}
+    return Snapshot(sample, nv, ib, last_xid)
 
 
 _LINK_ID = attrgetter("link")
@@ -269,6 +273,7 @@ class SampleCollector(Collector):
         add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lab, None if g.energy_j is None else round(g.energy_j * 1000))
         add("DCGM_FI_DEV_GPU_TEMP", lab, g.temperature_c)
         add("DCGM_FI_DEV_GPU_UTIL", lab, g.utilization_pct)
+        add("DCGM_FI_DEV_XID_ERRORS", lab, snap.last_xid.get(g.index, 0) if snap.sample.nvml.available else None)
         if g.throttle_reasons is not None and not g.lost:
             mask = 0
             active = set(g.throttle_reasons)

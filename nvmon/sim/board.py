@@ -120,6 +120,12 @@ class SimBoard:
     def notsup(self, what: str, gpu: int, t: float) -> bool:
         return any(f.what == what and f.gpu in (None, gpu) for f in self.faults("notsup", t))
 
+    def xid_events(self, t: float) -> list[tuple[int, int, int]]:
+        """(event id, gpu, Xid) of every Xid event that has happened by `t`, oldest first; each is
+        delivered once per event set by the fake library."""
+        xids = [(f.after_s, n, f) for n, f in enumerate(self.scenario.faults) if f.kind == "xid" and t >= f.after_s]
+        return [(n, f.gpu, int(f.value)) for _, n, f in sorted(xids, key=lambda x: (x[0], x[1]))]
+
     # ---- NVLink ----------------------------------------------------------------------------
 
     def link_peer(self, gpu: int, link: int) -> tuple[str, int | None]:

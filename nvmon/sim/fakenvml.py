@@ -32,7 +32,10 @@ ERROR_UNINITIALIZED = 1
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_DRIVER_NOT_LOADED = 9
+ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
+EVENT_XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId when an event is not per instance
 
 # Field ids nvmon's collector asks for (pynvml names; see nvmon/collect/nvml_fields.py).
 FI_TOTAL_ENERGY = 83
@@ -58,6 +61,7 @@ _ERROR_FIELDS = {FI_ERROR_DL_REPLAY: "replay", FI_ERROR_DL_RECOVERY: "recovery",
 _PER_LINK = {FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX, FI_GET_SPEED, FI_GET_STATE, FI_GET_VERSION, *_ERROR_FIELDS}
 
 _HANDLE_BASE = 0x5100_0000
+_EVENT_SET_BASE = 0x5200_0000
 _module_ids = itertools.count()
 
 
@@ -77,6 +81,11 @@ class FakeNvmlLib:
     def __init__(self, board: SimBoard):
         self.board = board
         self.initialized = 0
+        # Event sets by address: the GPUs registered for Xid events and the events delivered.
+        self.event_sets: dict[int, dict[str, set]] = {}
+        self._next_set = 0
+        # Test hook: a return code nvmlEventSetWait_v2 answers with instead of an event (0: off).
+        self.event_wait_error = 0
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -334,6 +343,60 @@ class FakeNvmlLib:
             return ERROR_NOT_SUPPORTED
         _out(ptr).value = self.board.link_errors(g, lk, self._t())[key]
         return SUCCESS
+
+    # -- events ---------------------------------------------------------------------------------------
+    # Only Xid critical errors are modelled. A wait never sleeps, whatever its timeout: the board's
+    # clock may be simulated, and the collector only ever asks with timeout 0.
+
+    def _event_set(self, eventSet) -> dict[str, set] | None:
+        return self.event_sets.get(ctypes.cast(eventSet, ctypes.c_void_p).value or 0)
+
+    def nvmlEventSetCreate(self, ptr) -> int:
+        if not self.initialized:
+            return ERROR_UNINITIALIZED
+        addr = _EVENT_SET_BASE + self._next_set
+        self._next_set += 1
+        self.event_sets[addr] = {"gpus": set(), "delivered": set()}
+        ctypes.c_void_p.from_buffer(_out(ptr)).value = addr
+        return SUCCESS
+
+    def nvmlDeviceRegisterEvents(self, handle, eventTypes, eventSet) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        es = self._event_set(eventSet)
+        if es is None:
+            return ERROR_INVALID_ARGUMENT
+        if self.board.notsup("xid_events", g, self._t()):
+            return ERROR_NOT_SUPPORTED
+        if _val(eventTypes) & EVENT_XID_CRITICAL:
+            es["gpus"].add(g)
+        return SUCCESS
+
+    def nvmlEventSetWait_v2(self, eventSet, ptr, timeoutms) -> int:
+        if not self.initialized:
+            return ERROR_UNINITIALIZED
+        es = self._event_set(eventSet)
+        if es is None:
+            return ERROR_INVALID_ARGUMENT
+        if self.event_wait_error:
+            return self.event_wait_error
+        for event_id, g, xid in self.board.xid_events(self._t()):
+            if g in es["gpus"] and event_id not in es["delivered"]:
+                es["delivered"].add(event_id)
+                data = _out(ptr)
+                ctypes.c_void_p.from_buffer(data, type(data).device.offset).value = _HANDLE_BASE + g
+                data.eventType = EVENT_XID_CRITICAL
+                data.eventData = xid
+                data.gpuInstanceId = data.computeInstanceId = NO_INSTANCE
+                return SUCCESS
+        return ERROR_TIMEOUT
+
+    def nvmlEventSetFree(self, eventSet) -> int:
+        if not self.initialized:
+            return ERROR_UNINITIALIZED
+        addr = ctypes.cast(eventSet, ctypes.c_void_p).value or 0
+        return SUCCESS if self.event_sets.pop(addr, None) is not None else ERROR_INVALID_ARGUMENT
 
     # -- field values ---------------------------------------------------------------------------------
 

@@ -24,8 +24,11 @@ starts. Keys (repeatable unless noted):
     power_cap=G[:W]        enforced power limit lowered (default 60 % of spec); throttles under load
     thermal=G              GPU hot (92 °C) with thermal slowdown
     gpu_lost=G             GPU has fallen off the bus (NVML: GPU is lost)
+    xid=G:N                NVML delivers one Xid critical-error event N on GPU G (e.g. xid=3:79@10);
+                           the event only: add gpu_lost=G for a GPU that also falls off the bus
     notsup=WHAT[:G]        an NVML query answers Not Supported (WHAT: temperature, utilization,
-                           throttle, energy, nvlink_state_field, pcie_bytes); all GPUs unless :G
+                           throttle, energy, nvlink_state_field, pcie_bytes, xid_events); all
+                           GPUs unless :G (xid_events: registering for Xid events is refused)
     nvml=off               no NVIDIA driver loaded (nvmlInit fails)                 [once]
 """
 
@@ -37,10 +40,10 @@ from dataclasses import dataclass, field
 from nvmon.sim.profiles import PROFILES
 
 LOADS = ("idle", "allreduce", "busy")
-NOTSUP = ("temperature", "utilization", "throttle", "energy", "nvlink_state_field", "pcie_bytes")
+NOTSUP = ("temperature", "utilization", "throttle", "energy", "nvlink_state_field", "pcie_bytes", "xid_events")
 FAULT_KEYS = (
     "nvlink_down", "nvlink_errors", "pcie_width", "pcie_gen", "ib_down", "ib_rate", "ib_eth",
-    "ib_errors", "power_cap", "thermal", "gpu_lost", "notsup",
+    "ib_errors", "power_cap", "thermal", "gpu_lost", "notsup", "xid",
 )
 
 
@@ -54,7 +57,7 @@ class Fault:
     gpu: int | None = None
     link: int | None = None
     port: str | None = None  # IB device name or index as text
-    value: float | None = None  # width, gen, rate, watts
+    value: float | None = None  # width, gen, rate, watts, Xid number
     what: str | None = None  # notsup target
     after_s: float = 0.0
 
@@ -154,6 +157,10 @@ def _parse_fault(kind: str, value: str, spec: str) -> Fault:
         gpu = _int(arg, "GPU", spec) if arg is not None else None
         return Fault(kind, gpu=gpu, what=value, after_s=after)
     gpu = _int(value, f"{kind} GPU", spec)
+    if kind == "xid":
+        if arg is None:
+            raise SimSpecError(f"--sim {spec!r}: xid takes GPU:XID, e.g. xid=3:79")
+        return Fault(kind, gpu=gpu, value=float(_int(arg, "Xid number", spec)), after_s=after)
     if kind in ("thermal", "gpu_lost"):
         if arg is not None:
             raise SimSpecError(f"--sim {spec!r}: {kind} takes only a GPU number")
