@@ -90,7 +90,7 @@ class Broker:
     a test tells a re-announcement from a leftover."""
 
     def __init__(self, workdir: Path, *, users: dict[str, str] | None = None, tls: TlsFiles | None = None,
-                 require_certificate: bool = False, port: int | None = None):
+                 require_certificate: bool = False, port: int | None = None, acl: str | None = None):
         if MOSQUITTO is None:
             pytest.skip("mosquitto binary not installed")
         self.dir = Path(workdir) / f"mosquitto-{id(self):x}"
@@ -108,6 +108,9 @@ class Broker:
             lines += ["allow_anonymous false", f"password_file {pw}"]
         else:
             lines.append("allow_anonymous true")
+        if acl is not None:  # the text of an acl_file
+            (self.dir / "acl").write_text(acl)
+            lines.append(f"acl_file {self.dir / 'acl'}")
         if tls is not None:
             lines += [f"cafile {tls.ca}", f"certfile {tls.server_cert}", f"keyfile {tls.server_key}"]
             if require_certificate:

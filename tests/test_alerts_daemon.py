@@ -41,6 +41,7 @@ FAULTS = [
     ("power_cap=4", [("power.limit", {"gpu": 4}), ("power.cap", {"gpu": 4})]),
     ("thermal=5", [("thermal", {"gpu": 5})]),
     ("gpu_lost=6", [("gpu.lost", {"gpu": 6})]),
+    ("xid=3:79", [("gpu.xid", {"gpu": 3})]),  # an NVML event, held as an alert for a quiet window
     ("notsup=temperature", []),
 ]
 

@@ -162,7 +162,7 @@ async def test_alerts_screen_ack_silence_and_open():
         await pilot.press("k")
         await pilot.pause()
         assert column_plain(t, "state")[0].endswith(" ack")
-        assert any("not yet connected to the alert engine" in n.message for n in app._notifications)
+        assert any("marked in this view only" in n.message for n in app._notifications)
         await pilot.press("x")
         await pilot.press("enter")
         await pilot.pause()
@@ -208,6 +208,25 @@ async def test_incremental_redraw_touches_only_changed_rows():
         assert drawn == 1 and "sim/sim-003" not in t._strips  # sim-003 only: its row is rebuilt
         assert t._strips.get("sim/sim-000") is cached  # others keep their rendered strip
         await pilot.pause()
+
+
+async def test_paint_probe_names_the_rows_repainted():
+    sim = showcase()
+    app = make_app(sim, refresh_s=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        t = table(app)
+        seen: list = []
+        t.paint_probe = seen.append
+        node = sim.state.nodes[("sim", "sim-003")]
+        payload = json.loads(_sample_of(node))
+        payload["ts"] = sim.now
+        sim.state.apply(topic("sim", "sim-003", "sample"), json.dumps(payload).encode(), sim.now)
+        t.sync(sim.now)
+        await pilot.pause()
+        assert seen == [("sim", "sim-003")]  # repainted once, nothing else rebuilt
+        t.sync(sim.now)
+        await pilot.pause()
+        assert seen == [("sim", "sim-003")]
 
 
 def _sample_of(view) -> bytes:

@@ -7,7 +7,11 @@
 
 Acks and silences are written to the same database; the daemon reads them within a few seconds
 and honours them: an acked alert is marked as such (no repeat pages), a silenced one is never
-handed to the hooks. They are local to this node for now (sharing them over MQTT is to come).
+handed to the hooks. With `--broker URL` (or `[mqtt] broker` in `--config`) they are also shared:
+published in the cluster's retained `nvmon/v1/<cluster>/@controls` set, which every daemon and
+`nvmon fleet` of the cluster honours (nvmon.alerts.shared; docs/alerts.md). Without a local
+database (an ops workstation) only the shared set is written; an ack then finds the alert in the
+nodes' retained alert sets.
 """
 
 from __future__ import annotations
@@ -109,6 +113,70 @@ def _db(ctx: click.Context, db_path: str | None) -> str:
     return db_path or (ctx.parent.params.get("db_path") if ctx.parent else None) or DEFAULT_DB
 
 
+def _share_options(f):
+    f = click.option("--cluster", default=None, metavar="NAME",
+                     help="Cluster whose shared set to change (default: the alert's, --config's [node] "
+                          "or [fleet] cluster).")(f)
+    f = click.option("--config", "config_path", default=None, metavar="PATH",
+                     type=click.Path(dir_okay=False, path_type=Path),
+                     help="A daemon or fleet TOML config: its [mqtt] broker and credentials, its cluster.")(f)
+    return click.option("--broker", default=None, metavar="URL",
+                        help="Also share it on this broker (mqtt://HOST[:PORT] or mqtts://…), "
+                             "retained on nvmon/v1/<cluster>/@controls.")(f)
+
+
+class _Share:
+    """Where to share: broker settings (None: do not share) and the config's cluster."""
+
+    def __init__(self, broker: str | None, config_path: Path | None, cluster: str | None):
+        from nvmon.wire.contract import valid_name
+        from nvmon.wire.mqtt import MqttSettings
+
+        m, cfg_cluster = None, None
+        if config_path is not None:
+            from nvmon.fleet.service import load_fleet_config
+
+            cfg = load_fleet_config(config_path)  # a one-line error of its own on a bad file
+            m, cfg_cluster = cfg.mqtt, cfg.node.get("cluster") or cfg.fleet.cluster
+        if cluster is not None and not valid_name(cluster):
+            raise AlertsError(f"--cluster {cluster[:80]!r}: use 1-64 characters from A-Z a-z 0-9 . _ -")
+        self.cluster = cluster or (cfg_cluster if valid_name(cfg_cluster) else None)
+        url = broker or (m.broker if m is not None else None)
+        self.settings = None
+        if url:
+            def s(p):
+                return None if p is None else str(p)
+
+            try:
+                self.settings = MqttSettings(url=url, username=m.username if m else None,
+                                             password_file=s(m.password_file) if m else None,
+                                             ca_file=s(m.ca_file) if m else None, cert_file=s(m.cert_file) if m else None,
+                                             key_file=s(m.key_file) if m else None)
+            except ValueError as e:
+                raise AlertsError(str(e)) from None
+
+    def local(self, db_path: str) -> bool:
+        """Write the local database? Always without a broker (a missing one is an error then)."""
+        return self.settings is None or Path(db_path).exists()
+
+    def run(self, coro):
+        import asyncio
+
+        from nvmon.wire.contract import WireError
+        from nvmon.wire.mqtt import describe_error
+
+        try:
+            return asyncio.run(coro)
+        except WireError as e:
+            raise AlertsError(str(e)) from None
+        except Exception as e:  # the broker: refused, unreachable, TLS — one line
+            raise AlertsError(f"broker {self.settings.url}: {describe_error(e)}") from None
+
+    def report(self, cluster: str, cs) -> None:
+        click.echo(f"shared on {self.settings.url} (cluster {cluster}): {len(cs.silences)} silence(s), "
+                   f"{len(cs.acks)} ack(s) in force")
+
+
 @click.group("alerts", invoke_without_command=True)
 @_db_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of alert objects (docs/alerts.md).")
@@ -179,32 +247,69 @@ def render_alerts(records: list[AlertRecord], silenced: set[str], now: float):
     return Group(*lines)
 
 
+def _check_by(by: str | None) -> str:
+    who = by or _who()
+    if not _LABEL_KEY.match(who):
+        raise AlertsError("--by: 1-64 characters from A-Z a-z 0-9 . _ -")
+    return who
+
+
 @alerts_command.command("ack")
 @click.argument("fingerprint")
 @_db_option
 @click.option("--by", default=None, help="Who acks (default: the user running this).")
+@_share_options
 @click.pass_context
-def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: str | None) -> None:
+def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: str | None, broker: str | None,
+                config_path: Path | None, cluster: str | None) -> None:
     """Acknowledge an active alert: it stays active but is not paged again."""
     from nvmon.store import alerts as db
 
     if not re.fullmatch(r"[0-9a-fA-F]{4,64}", fingerprint):
         raise AlertsError(f"fingerprint {fingerprint[:80]!r}: give its hex digits (at least 4), see `nvmon alerts`")
-    now, who = time.time(), by or _who()
+    fingerprint = fingerprint.lower()
+    now, who = time.time(), _check_by(by)
+    share = _Share(broker, config_path, cluster)
 
     def do(conn):
-        found = db.find_active(conn, fingerprint.lower())
+        found = db.find_active(conn, fingerprint)
         if len(found) == 1:
             db.ack(conn, found[0], now, who)
         return found
 
-    found = _write(_db(ctx, db_path), do)
-    if not found:
-        raise AlertsError(f"no active alert with fingerprint {fingerprint}")
+    path = _db(ctx, db_path)
+    found = _write(path, do) if share.local(path) else []
     if len(found) > 1:
         raise AlertsError(f"{len(found)} active alerts start with {fingerprint}; give more digits")
-    r = found[0]
-    click.echo(f"acked {r.fingerprint}: {r.code} on {r.node or r.rack or '?'} {_where(r)}")
+    if found:
+        r = found[0]
+        click.echo(f"acked {r.fingerprint}: {r.code} on {r.node or r.rack or '?'} {_where(r)}")
+        target = (share.cluster or r.cluster, r.fingerprint, r.starts_at)
+    elif share.settings is None:
+        raise AlertsError(f"no active alert with fingerprint {fingerprint}")
+    else:
+        target = _find_on_broker(share, fingerprint)
+    if share.settings is not None:
+        from nvmon.alerts.shared import shared_ack, update_shared
+
+        c, fp, starts = target
+        share.report(c, share.run(update_shared(share.settings, c, shared_ack(fp, starts, now, who))))
+
+
+def _find_on_broker(share: _Share, fingerprint: str) -> tuple[str, str, float]:
+    from nvmon.alerts.shared import find_alerts
+
+    found = share.run(find_alerts(share.settings, fingerprint, cluster=share.cluster))
+    where = f"locally or in the retained alert sets on {share.settings.url}"
+    if not found:
+        raise AlertsError(f"no active alert with fingerprint {fingerprint} {where}")
+    if len({a.fingerprint for _, _, a in found}) > 1:
+        raise AlertsError(f"{len(found)} active alerts start with {fingerprint}; give more digits")
+    c, node, a = found[0]
+    if a.starts_at is None:
+        raise AlertsError(f"node {node} does not publish episode starts (an older nvmon): ack it there")
+    click.echo(f"acked {a.fingerprint}: {a.code} on {node} (from its retained alerts)")
+    return c, a.fingerprint, a.starts_at
 
 
 @alerts_command.command("silence")
@@ -214,9 +319,11 @@ def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: s
 @click.option("--comment", default=None, help="Why (shown in `nvmon alerts silences`).")
 @_db_option
 @click.option("--by", default=None, help="Who silences (default: the user running this).")
+@_share_options
 @click.pass_context
 def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str, comment: str | None,
-                    db_path: str | None, by: str | None) -> None:
+                    db_path: str | None, by: str | None, broker: str | None, config_path: Path | None,
+                    cluster: str | None) -> None:
     """Stop paging alerts that match, for a while (they still show, and are still published)."""
     from nvmon.store import alerts as db
 
@@ -227,23 +334,47 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
         raise AlertsError(str(e)) from None
     if comment is not None and (len(comment) > 512 or not comment.isprintable()):
         raise AlertsError("--comment: printable text, up to 512 characters")
-    now = time.time()
-    sid = _write(_db(ctx, db_path), lambda conn: db.add_silence(conn, matchers, now, now + seconds, by or _who(),
-                                                               comment))
+    now, who = time.time(), _check_by(by)
+    share = _Share(broker, config_path, cluster)
+    from nvmon.wire.contract import valid_name
+
+    c = share.cluster or (matchers["cluster"] if valid_name(matchers.get("cluster")) else None)  # not a glob
+    if share.settings is not None and c is None:
+        raise AlertsError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
     what = " ".join(f"{k}={v}" for k, v in matchers.items())
-    click.echo(f"silence {sid} until {iso(now + seconds)}: {what}")
+    path = _db(ctx, db_path)
+    if share.local(path):
+        sid = _write(path, lambda conn: db.add_silence(conn, matchers, now, now + seconds, who, comment))
+        click.echo(f"silence {sid} until {iso(now + seconds)}: {what}")
+    if share.settings is not None:
+        from nvmon.alerts.shared import shared_silence, update_shared
+
+        shared_id, change = shared_silence(matchers, now, now + seconds, who, comment)
+        cs = share.run(update_shared(share.settings, c, change))
+        click.echo(f"shared silence {shared_id} until {iso(now + seconds)}: {what}")
+        share.report(c, cs)
 
 
 @alerts_command.command("silences")
 @_db_option
+@_share_options
 @click.pass_context
-def silences_command(ctx: click.Context, db_path: str | None) -> None:
-    """List the silences in force."""
+def silences_command(ctx: click.Context, db_path: str | None, broker: str | None, config_path: Path | None,
+                     cluster: str | None) -> None:
+    """List the silences in force (with --broker: the cluster's shared ones too)."""
     from nvmon.render import plain
     from nvmon.store import alerts as db
 
     now = time.time()
-    found: list[Silence] = _read(_db(ctx, db_path), lambda conn: db.silences(conn, now))
+    share = _Share(broker, config_path, cluster)
+    path = _db(ctx, db_path)
+    found: list[Silence] = _read(path, lambda conn: db.silences(conn, now)) if share.local(path) else []
+    if share.settings is not None:
+        from nvmon.alerts.shared import engine_controls, read_shared
+
+        if share.cluster is None:
+            raise AlertsError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
+        found += engine_controls(share.run(read_shared(share.settings, share.cluster)), now)[1]
     if not found:
         click.echo("No silences.")
     for s in found:
@@ -253,14 +384,38 @@ def silences_command(ctx: click.Context, db_path: str | None) -> None:
 
 
 @alerts_command.command("unsilence")
-@click.argument("silence_id", type=click.IntRange(1))
+@click.argument("silence_id")
 @_db_option
+@_share_options
 @click.pass_context
-def unsilence_command(ctx: click.Context, silence_id: int, db_path: str | None) -> None:
-    """End a silence now."""
+def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, broker: str | None,
+                      config_path: Path | None, cluster: str | None) -> None:
+    """End a silence now: a local one by its number, a shared one (--broker) by its id."""
     from nvmon.store import alerts as db
 
     now = time.time()
-    if not _write(_db(ctx, db_path), lambda conn: db.end_silence(conn, silence_id, now)):
-        raise AlertsError(f"no silence {silence_id} in force")
-    click.echo(f"silence {silence_id} ended")
+    share = _Share(broker, config_path, cluster)
+    if share.settings is None:
+        if not silence_id.isdigit() or int(silence_id) < 1:
+            raise AlertsError(f"silence {silence_id[:40]!r}: give its number (see `nvmon alerts silences`)")
+        if not _write(_db(ctx, db_path), lambda conn: db.end_silence(conn, int(silence_id), now)):
+            raise AlertsError(f"no silence {silence_id} in force")
+        click.echo(f"silence {silence_id} ended")
+        return
+    from nvmon.alerts.shared import update_shared
+
+    sid = silence_id.rsplit("/", 1)[-1]  # `silences` shows shared ones as CLUSTER/ID
+    c = share.cluster or (silence_id.split("/", 1)[0] if "/" in silence_id else None)
+    if c is None:
+        raise AlertsError("--cluster NAME: which cluster's shared set (or give CLUSTER/ID)")
+    gone: list[bool] = []
+
+    def change(cs):
+        gone.append(cs.silence(sid) is not None)
+        return cs.without_silence(sid)
+
+    cs = share.run(update_shared(share.settings, c, change))
+    if not gone or not gone[0]:
+        raise AlertsError(f"no shared silence {sid} in cluster {c}")
+    click.echo(f"shared silence {sid} ended")
+    share.report(c, cs)

@@ -50,7 +50,7 @@ class NullNotifier:
 class Silence:
     """Alerts whose labels match every matcher (shell-style globs) are not notified until `ends_at`."""
 
-    id: int
+    id: int | str  # the database's number, or "<cluster>/<id>" for a shared one (nvmon.alerts.shared)
     matchers: Mapping[str, str]
     starts_at: float
     ends_at: float
@@ -176,7 +176,8 @@ class AlertEngine:
     def _new_record(self, c: Condition, rule: RuleSpec, now: float) -> AlertRecord:
         r = self.rules
         return AlertRecord(
-            fingerprint=c.fingerprint, status="pending", code=c.code, severity=rule.severity, cluster=r.cluster,
+            fingerprint=c.fingerprint, status="pending", code=c.code, severity=c.severity or rule.severity,
+            cluster=r.cluster,
             node=r.node, summary=c.summary() if callable(c.summary) else c.summary, runbook=c.runbook, starts_at=now, rack=r.rack, gpu=c.gpu, link=c.link,
             device=c.device, port=c.port, value=c.value, threshold=c.threshold, count=1, labels=dict(r.labels))
 
@@ -256,4 +257,5 @@ def wire_alert(r: AlertRecord) -> Alert:
     if r.status == "resolved" and r.ends_at is not None:
         since = r.ends_at
     return Alert(fingerprint=r.fingerprint, code=r.code, severity=r.severity, state=r.status, summary=r.summary,
-                 since=since, gpu=r.gpu, link=r.link, device=r.device, port=r.port, labels=dict(r.labels))
+                 since=since, gpu=r.gpu, link=r.link, device=r.device, port=r.port, labels=dict(r.labels),
+                 starts_at=r.starts_at)

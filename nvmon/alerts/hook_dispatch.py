@@ -93,6 +93,7 @@ class _Worker:
         self._ready: deque[_Batch] = deque()
         self._groups: dict[tuple, _Batch] = {}
         self._firing: dict[str, _Firing] = {}
+        self.quiet: frozenset[str] = frozenset()  # acked or silenced now: no repeats (HookDispatcher.quiet)
 
     # -- intake (called from submit: must not block or raise) --
 
@@ -159,6 +160,8 @@ class _Worker:
                 if f.next_repeat > now:
                     continue
                 f.next_repeat = now + cfg.repeat_interval_s
+                if fp in self.quiet:  # acked or silenced since it fired: someone is on it
+                    continue
                 labels = dict(zip(cfg.group_by, f.group, strict=True))
                 if cfg.group_wait_s <= 0:
                     out.append(_Batch("firing", labels, {fp: f.record}, grouped=False))
@@ -283,6 +286,14 @@ class HookDispatcher:
             self._submit_errors += 1
             if self._submit_errors == 1:
                 log.exception("hooks: could not queue alerts")
+
+    def quiet(self, fingerprints: Iterable[str]) -> None:
+        """The alerts acked or silenced now (the engine knows; the dispatcher only saw them fire):
+        their repeats (`repeat_interval_s`) are skipped while they stay in this set. Resolves are
+        unaffected. Call from the event loop with the whole current set each time."""
+        fps = frozenset(fingerprints)
+        for w in self._workers:
+            w.quiet = fps
 
     def _offer(self, records: Iterable[AlertRecord]) -> None:
         for rec in records:

@@ -21,11 +21,15 @@ FLEET_CODES = {"node.offline": "critical", "node.stale": "warning", "rack.power"
 
 
 def fingerprint(code: str, cluster: str, node: str | None, *, gpu: int | None = None, link: int | None = None,
-                device: str | None = None, port: int | None = None, rack: str | None = None) -> str:
+                device: str | None = None, port: int | None = None, rack: str | None = None,
+                xid: int | None = None) -> str:
     """Stable 16-hex-digit identity of one condition on one place. The same inputs always give
-    the same fingerprint (across restarts, hosts and Python versions)."""
+    the same fingerprint (across restarts, hosts and Python versions). `xid` (gpu.xid only: one
+    alert per GPU and Xid number) is hashed only when given, so other fingerprints are unchanged."""
     parts = (code, cluster, node or "", "" if gpu is None else str(gpu), "" if link is None else str(link),
              device or "", "" if port is None else str(port), (rack or "") if node is None else "")
+    if xid is not None:
+        parts += (f"xid={xid}",)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 

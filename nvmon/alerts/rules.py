@@ -8,6 +8,10 @@ make a rate worth a page. `nvmon audit` and the alerts therefore always agree on
 - Counter rules (`RATE_CODES`): the audit reports a counter that rose this tick; the rule sums
   those rises per place over `window_s` and holds a condition while the sum is ≥ `min_count`, so a
   lone corrected CRC error never pages, a steady stream does.
+- Events (`gpu.xid`, an NVML Xid critical error) ride the same windows with their own defaults
+  (`RULE_DEFAULTS`): one event fires at once, and the alert holds until `window_s` (10 min) has
+  passed without another, so an Xid pages once and resolves after a quiet period. One alert per
+  GPU and Xid number, with that Xid's own severity and runbook (nvmon/xid.py).
 - Info findings that describe the board rather than a fault (`nvlink.board`, `gpu.model`) are
   not alerts.
 - While NVML is unavailable, or a GPU is lost, alerts on what can no longer be judged are held
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from nvmon.alerts.model import AlertRecord, fingerprint
+from nvmon import xid as xids
 from nvmon.alerts.settings import AlertsSettings
 from nvmon.audit import RULES, Finding, Thresholds, audit
 from nvmon.model import Sample, to_jsonable
@@ -32,7 +37,10 @@ from nvmon.specs import NodeSpec
 log = logging.getLogger("nvmon.alerts")
 
 SKIPPED = frozenset({"nvlink.board", "gpu.model"})  # facts about the board, not faults
-RATE_CODES = frozenset({"nvlink.errors", "pcie.replay", "ib.errors"})
+RATE_CODES = frozenset({"nvlink.errors", "pcie.replay", "ib.errors", "gpu.xid"})
+# Built-in settings of a rule, between a config override and the `[alerts]` defaults.
+RULE_DEFAULTS: dict[str, dict[str, float]] = {"gpu.xid": {"for_s": 0.0, "window_s": 600.0, "min_count": 1}}
+PER_FINDING_SEVERITY = frozenset({"gpu.xid"})  # severity from the finding (its Xid) unless overridden
 # Links train up after a reboot (NVLink through the fabric manager, IB through the subnet manager,
 # PCIe at power-on): these do not fire during the start-up grace period.
 GRACE_CODES = frozenset({"nvlink.link_down", "nvlink.topology", "nvlink.speed", "ib.port_down", "ib.rate",
@@ -45,6 +53,7 @@ RUNBOOKS: dict[str, str] = {
     "gpu.count": "GPU missing: check seating and power cables, lspci | grep -i nvidia, dmesg for Xid 79",
     "gpu.lost": "GPU fell off the bus: drain the node, check dmesg for Xid 79/48, reset the GPU "
                 "(nvidia-smi -r) or reboot; RMA if it recurs",
+    "gpu.xid": "Xid error: the alert's summary names the Xid; see NVIDIA's Xid catalog and dmesg | grep -i xid",
     "nvlink.link_down": "NVLink down: drain the node, check nvidia-smi nvlink -s and the fabric manager; "
                         "reseat the GPU/baseboard (or the bridge on paired cards)",
     "nvlink.topology": "Board not wired as its spec says: compare nvidia-smi topo -m with the spec, check "
@@ -84,6 +93,7 @@ class RuleSpec:
     runbook: str
     window_s: float | None = None  # counter rules only
     min_count: int | None = None
+    finding_severity: bool = False  # each alert takes its finding's severity (gpu.xid: the Xid's)
 
 
 def rule_book(settings: AlertsSettings, interval_s: float) -> dict[str, RuleSpec]:
@@ -94,15 +104,19 @@ def rule_book(settings: AlertsSettings, interval_s: float) -> dict[str, RuleSpec
         o = settings.rules.get(code)
         if o is not None and not o.enabled:
             continue
-        for_s = o.for_s if o is not None and o.for_s is not None else settings.for_s
+        d = RULE_DEFAULTS.get(code, {})
+        for_s = o.for_s if o is not None and o.for_s is not None else d.get("for_s", settings.for_s)
         clear_s = o.clear_s if o is not None and o.clear_s is not None else settings.clear_s
         rate = code in RATE_CODES
         book[code] = RuleSpec(
             code=code, severity=(o.severity if o is not None and o.severity else severity), for_s=for_s,
             clear_s=clear_s if clear_s is not None else max(for_s, 2 * interval_s), grace=code in GRACE_CODES,
             runbook=RUNBOOKS[code],
-            window_s=((o.window_s if o is not None and o.window_s else settings.window_s) if rate else None),
-            min_count=((o.min_count if o is not None and o.min_count else settings.min_count) if rate else None))
+            window_s=((o.window_s if o is not None and o.window_s else d.get("window_s", settings.window_s))
+                      if rate else None),
+            min_count=(int(o.min_count if o is not None and o.min_count else d.get("min_count", settings.min_count))
+                       if rate else None),
+            finding_severity=code in PER_FINDING_SEVERITY and not (o is not None and o.severity))
     return book
 
 
@@ -124,6 +138,7 @@ class Condition(NamedTuple):  # a tuple: made for every condition every tick, so
     port: int | None = None
     value: Any = None
     threshold: Any = None
+    severity: str | None = None  # None: the rule's
 
 
 @dataclass(slots=True)
@@ -155,14 +170,14 @@ class NodeRules:
         self._fps: dict[tuple, str] = {}
         self._windows: dict[str, _Window] = {}
 
-    def fingerprint(self, code: str, gpu=None, link=None, device=None, port=None) -> str:
-        key = (code, gpu, link, device, port)
+    def fingerprint(self, code: str, gpu=None, link=None, device=None, port=None, xid=None) -> str:
+        key = (code, gpu, link, device, port, xid)
         fp = self._fps.get(key)
         if fp is None:
             if len(self._fps) > 100_000:  # a bounded cache, whatever the hardware claims
                 self._fps.clear()
             fp = self._fps[key] = fingerprint(code, self.cluster, self.node, gpu=gpu, link=link, device=device,
-                                              port=port, rack=self.rack)
+                                              port=port, rack=self.rack, xid=xid)
         return fp
 
     def conditions(self, sample: Sample, now: float) -> list[Condition]:
@@ -201,16 +216,19 @@ class NodeRules:
     def _condition(self, f: Finding, rule: RuleSpec) -> Condition:
         observed = to_jsonable(f.observed)
         runbook = rule.runbook.format(observed=observed) if "{observed}" in rule.runbook else rule.runbook
-        return Condition(self.fingerprint(f.code, f.gpu, f.link, f.device, f.port), f.code, f.message, runbook,
-                         f.gpu, f.link, f.device, f.port, observed, to_jsonable(f.expected))
+        return Condition(self.fingerprint(f.code, f.gpu, f.link, f.device, f.port, f.xid), f.code, f.message,
+                         runbook, f.gpu, f.link, f.device, f.port, observed, to_jsonable(f.expected),
+                         f.severity if rule.finding_severity else None)
 
     def _observe(self, f: Finding, now: float) -> None:
-        fp = self.fingerprint(f.code, f.gpu, f.link, f.device, f.port)
+        fp = self.fingerprint(f.code, f.gpu, f.link, f.device, f.port, f.xid)
         w = self._windows.get(fp)
         if w is None:
             w = self._windows[fp] = _Window(f)
         w.finding = f
-        obs = f.observed  # {kind: rise} (NVLink, IB) or one rise (PCIe replays)
+        obs = f.observed  # {kind: rise} (NVLink, IB), one rise (PCIe replays), {xid, events} (Xid)
+        if f.xid is not None:
+            obs = obs.get("events") if isinstance(obs, Mapping) else None
         rise = 0
         if isinstance(obs, Mapping):
             kinds = {k: n for k, n in obs.items() if type(n) is int and n > 0}
@@ -257,4 +275,8 @@ class NodeRules:
             what = ", ".join(f"{k} +{n}" for k, n in kinds.items() if n > 0)
             return f"{head}: +{total} in the last {rule.window_s:g} s" + (f" ({what})" if what else "")
 
+        if f.xid is not None:  # an event: its Xid's own runbook, and the Xid number in the value
+            return Condition(fp, f.code, summary, xids.action(f.xid), f.gpu, f.link, f.device, f.port,
+                             {"xid": f.xid, "events": total}, rule.min_count,
+                             f.severity if rule.finding_severity else None)
         return Condition(fp, f.code, summary, rule.runbook, f.gpu, f.link, f.device, f.port, total, rule.min_count)

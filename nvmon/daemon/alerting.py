@@ -2,7 +2,8 @@
 
     sampler ──► tick(sample) on the loop (≤ 1 ms): AlertEngine.evaluate
                  ├─► notifier.submit(firing / resolved, minus silenced)   never blocks
-                 ├─► persist loop: episodes to SQLite (thread), acks + silences back from it
+                 ├─► persist loop: episodes to SQLite (thread), acks + silences back from it,
+                 │                 merged with the cluster's shared ones (MQTT, nvmon.alerts.shared)
                  └─► publish loop: the active set, retained, on …/alerts
 
 Every failure is local: an engine bug costs that tick's evaluation (logged, counted), an
@@ -19,9 +20,11 @@ from collections.abc import Callable
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition, wire_alert
 from nvmon.alerts.model import AlertRecord
 from nvmon.alerts.rules import NodeRules
+from nvmon.alerts.shared import SharedControls, merge
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec
 from nvmon.store import StoreError
+from nvmon.wire.contract import control_topic
 
 log = logging.getLogger("nvmon.alerts")
 
@@ -58,6 +61,12 @@ class DaemonAlerts:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._notify_errors = 0
+        # Acks and silences: the node's own (SQLite, `nvmon alerts`) and the cluster's shared set
+        # (retained on MQTT, heard on the publisher's connection), merged for the engine.
+        self._local: tuple[dict, list] = ({}, [])
+        self.shared = SharedControls(on_change=self._wake.set)
+        if publisher is not None and hasattr(publisher, "listen"):
+            publisher.listen(control_topic(cfg.node.cluster), self.shared.apply)
         # (code, severity, status) → active alerts, zeros included for every enabled rule; replaced
         # whole on the loop, so the exporter's HTTP thread can read it at any time.
         self.counts: dict[tuple[str, str, str], int] = self._count()
@@ -149,14 +158,15 @@ class DaemonAlerts:
             except TimeoutError:
                 pass
             self._wake.clear()
+            self.apply_controls()  # shared ones apply even while the database is failing
             if time.monotonic() < retry_at:
                 continue
             try:
                 if not self._restored:
                     await self._restore()
                 await self._save()
-                acks, silences = await asyncio.to_thread(self.store.alert_controls, self.clock())
-                self.engine.set_controls(acks, silences)
+                self._local = await asyncio.to_thread(self.store.alert_controls, self.clock())
+                self.apply_controls()
             except StoreError as e:
                 now = time.monotonic()
                 if not failing or now - last_report > 60:
@@ -167,6 +177,16 @@ class DaemonAlerts:
             if failing:
                 log.warning("alerts: database back; alert state saved")
                 failing = False
+
+    def apply_controls(self) -> None:
+        """Hand the engine the node's and the cluster's acks and silences, and tell the notifier
+        which alerts are acked or silenced now (no repeat pages for them)."""
+        now = self.clock()
+        self.engine.set_controls(*merge(self._local, self.shared.controls(now)))
+        quiet = getattr(self.notifier, "quiet", None)
+        if quiet is not None:
+            quiet(r.fingerprint for r in self.engine.active()
+                  if r.acked_at is not None or self.engine.silenced(r, now))
 
     async def _save(self) -> None:
         batch = dict(self._unsaved)

@@ -4,7 +4,8 @@
       FleetRules.conditions(state) ─► AlertEngine.step per place (node / rack / fault)
         ├─► notifier.submit(firing / resolved, minus silenced)   never blocks
         ├─► one log line per transition
-        └─► persist loop: episodes to SQLite (thread), acks + silences back from it
+        └─► persist loop: episodes to SQLite (thread), acks + silences back from it, merged
+                          with the clusters' shared ones (MQTT @controls, nvmon.alerts.shared)
 
 An engine per place, not one for the fleet: AlertEngine stamps its records with one identity
 (cluster, node, rack, labels), exactly what a place has. Engines exist only while their place
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterable
 
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Silence, Transition
 from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.shared import SharedControls, merge
 from nvmon.fleet.rules import FleetRules, Identity, Place, place_of
 from nvmon.fleet.state import FleetState
 from nvmon.store import StoreError
@@ -76,6 +78,9 @@ class FleetAlerts:
         self._silences: tuple[Silence, ...] = ()
         self._unsaved: dict[tuple[str, float], AlertRecord] = {}
         self._wake = asyncio.Event()
+        # The database's acks/silences and the clusters' shared ones (MQTT; run_fleet listens).
+        self._local: tuple[dict, list] = ({}, [])
+        self.shared = SharedControls(on_change=self._wake.set)
 
     # -- engines ---------------------------------------------------------------------------------
 
@@ -157,6 +162,16 @@ class FleetAlerts:
         for eng in self.engines.values():
             eng.set_controls(self._acks, self._silences)
 
+    def apply_controls(self) -> None:
+        """The database's and the shared acks/silences to every engine; acked or silenced alerts
+        to the notifier's quiet set (no repeat pages)."""
+        now = self.clock()
+        self.set_controls(*merge(self._local, self.shared.controls(now)))
+        quiet = getattr(self.notifier, "quiet", None)
+        if quiet is not None:
+            quiet(r.fingerprint for eng in self.engines.values() for r in eng.active()
+                  if r.acked_at is not None or eng.silenced(r, now))
+
     # -- persistence ----------------------------------------------------------------------------
 
     async def persist_loop(self) -> None:
@@ -171,13 +186,14 @@ class FleetAlerts:
             except TimeoutError:
                 pass
             self._wake.clear()
+            self.apply_controls()  # shared ones apply even while the database is failing
             try:
                 now = self.clock()
                 for eng in self.engines.values():  # counts of long-running alerts, every COUNT_FLUSH_S
                     self._keep(eng.take_dirty(now))
                 await self._save()
-                acks, silences = await asyncio.to_thread(self.store.alert_controls, now)
-                self.set_controls(acks, silences)
+                self._local = await asyncio.to_thread(self.store.alert_controls, now)
+                self.apply_controls()
                 if time.monotonic() - maintained > MAINTAIN_EVERY_S:
                     maintained = time.monotonic()
                     await asyncio.to_thread(self.store.maintain, now)

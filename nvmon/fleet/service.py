@@ -5,8 +5,9 @@
 Subscribes to the fleet (FleetSubscriber → FleetState, the code the TUI uses), evaluates the fleet
 rules (nvmon.fleet.rules) every second and at once when a node's status changes, runs the
 `[[hooks]]` on firing / resolved, keeps alert state in SQLite (the same schema as a node's, so
-`nvmon alerts --db /var/lib/nvmon/fleet.db` lists, acks and silences fleet alerts), logs one line
-per transition. SIGTERM / Ctrl-C: save, exit 0.
+`nvmon alerts --db /var/lib/nvmon/fleet.db` lists, acks and silences fleet alerts), honours the
+acks and silences shared on the broker (`nvmon/v1/<cluster>/@controls`, nvmon.alerts.shared), logs
+one line per transition. SIGTERM / Ctrl-C: save, exit 0.
 
 The config file is TOML: `[fleet]`, `[mqtt]`, `[alerts]` (only keep_resolved_d is used here) and
 `[[hooks]]`; a node's own tables (`[node]`, `[sampling]`, …) are accepted and ignored, so one file
@@ -183,6 +184,7 @@ def _str(p: Path | None) -> str | None:
 async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path, clock=time.time) -> int:
     """Run until SIGTERM / SIGINT (or cancelled); 0 after a clean stop, 1 if the database is unusable."""
     from nvmon.alerts.hook_dispatch import HookDispatcher
+    from nvmon.alerts.shared import listening
     from nvmon.fleet.alerting import FleetAlerts
     from nvmon.fleet.rules import FleetRules
     from nvmon.fleet.state import FleetState
@@ -215,7 +217,8 @@ async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path
         async with asyncio.TaskGroup() as tg:
             tg.create_task(dispatcher.run(), name="nvmon.fleet.hooks")
             tg.create_task(alerts.persist_loop(), name="nvmon.fleet.persist")
-            async with subscribed(settings, state, cluster=cluster) as sub:
+            async with subscribed(settings, state, cluster=cluster) as sub, \
+                    listening(settings, alerts.shared, cluster=cluster):
                 await _evaluate_loop(alerts, state, sub, clock)
     except asyncio.CancelledError:
         pass

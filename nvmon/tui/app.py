@@ -77,8 +77,9 @@ class NvmonApp(App):
         self.set_interval(self.refresh_s, self.refresh_data, name="nvmon.tui.redraw")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """The one place worker failures land: the subscriber only ends on a bug."""
-        if event.state == WorkerState.ERROR:
+        """The one place subscriber failures land: it only ends on a bug. (The alerts screen's
+        ack/silence workers report their own outcome.)"""
+        if event.state == WorkerState.ERROR and event.worker.group == "mqtt":
             self.subscriber_error = describe_error(event.worker.error)
             self.notify(f"MQTT subscriber stopped: {self.subscriber_error}", title="nvmon", severity="error",
                         markup=False, timeout=30)

@@ -54,12 +54,18 @@ def tui_command(broker: str, cluster: str | None, username: str | None, password
     # banner show the broker's state and the drop counts).
     handler = logging.FileHandler(log_file) if log_file else logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-    for name in ("nvmon", "asyncio"):
-        logger = logging.getLogger(name)
-        logger.addHandler(handler)
-        logger.propagate = False
+    loggers = [logging.getLogger(name) for name in ("nvmon", "asyncio")]
+    saved = [(lg, lg.propagate, lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False
     logging.getLogger("nvmon").setLevel(logging.INFO)
+    try:
+        from nvmon.tui.app import NvmonApp
 
-    from nvmon.tui.app import NvmonApp
-
-    NvmonApp(settings, cluster=cluster, rack_budget_kw=rack_budget_kw).run()
+        NvmonApp(settings, cluster=cluster, rack_budget_kw=rack_budget_kw).run()
+    finally:  # as it was: the process may go on (tests run the command in-process)
+        for lg, propagate, level in saved:
+            lg.removeHandler(handler)
+            lg.propagate, lg.level = propagate, level
+        handler.close()

@@ -39,6 +39,8 @@ MAX_TEXT = 256  # model names, bus ids, label values, versions, error strings
 MAX_SUMMARY = 512
 MAX_INDEX = 1023  # a GPU index
 LINK_PCT_MAX = 1000  # a link "at 1000 %" means a bogus speed, not traffic
+MAX_XID_EVENTS = 16  # Xid events per GPU in one `sample` (more in one tick are cut, the alert still fires)
+MAX_XID = 2**32 - 1  # NVML's eventData is 64-bit; Xid numbers are small (999 = unknown)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -85,6 +87,36 @@ def subscription(cluster: str | None = None, node: str | None = None, kind: str 
     if parts[2] != "+" and parts[2] not in KINDS:
         raise ValueError(f"topic kind {parts[2]!r}: expected one of {', '.join(KINDS)}")
     return f"{TOPIC_ROOT}/{'/'.join(parts)}"
+
+
+# Shared acks and silences (nvmon.wire.control): one retained topic per cluster, one level under
+# the cluster. `@` is not allowed in a node name, so the level can never be a node's, and the
+# topic has 4 levels where node topics have 5: `nvmon/v1/<cluster>/+/+` filters never match it,
+# and an ACL granting a node `nvmon/v1/+/%u/+` cannot reach it.
+CONTROL_LEVEL = "@controls"
+
+
+def control_topic(cluster: str) -> str:
+    """`nvmon/v1/<cluster>/@controls`: the cluster's shared acks and silences (retained, QoS 1)."""
+    if not valid_name(cluster):
+        raise ValueError(f"cluster name {cluster!r}: use 1-64 of A-Z a-z 0-9 . _ -")
+    return f"{TOPIC_ROOT}/{cluster}/{CONTROL_LEVEL}"
+
+
+def control_subscription(cluster: str | None = None) -> str:
+    """The control topic of one cluster, or of every cluster (`+`)."""
+    return control_topic(cluster) if cluster is not None else f"{TOPIC_ROOT}/+/{CONTROL_LEVEL}"
+
+
+def parse_control_topic(t: object) -> str:
+    """`nvmon/v1/<cluster>/@controls` → cluster; raises WireError."""
+    s = str(t)
+    parts = s.split("/") if len(s) <= 200 else []
+    if len(parts) != 4 or "/".join(parts[:2]) != TOPIC_ROOT or parts[3] != CONTROL_LEVEL:
+        raise WireError(f"not an {TOPIC_ROOT}/<cluster>/{CONTROL_LEVEL} topic: {s[:80]!r}")
+    if not valid_name(parts[2]):
+        raise WireError(f"bad cluster name in topic {s[:80]!r}")
+    return parts[2]
 
 
 def parse_topic(t: object) -> tuple[str, str, str]:
@@ -218,6 +250,7 @@ class GpuTick:
     links_unknown: tuple[int, ...]  # link state could not be read
     link_speed_mbps: dict[int, int | None]  # up links whose speed differs from link_ref_mbps
     link_errors: dict[int, dict[str, int]]  # link → {kind: positive delta}
+    xid_events: tuple[int, ...] = ()  # Xid numbers NVML delivered this tick (events, usually none)
 
     def link_active(self, link: int) -> bool | None:
         if link in self.links_down:
@@ -281,6 +314,7 @@ class Alert:
     device: str | None = None
     port: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    starts_at: float | None = None  # unix s the episode began (acks name it); None from older nodes
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,6 +219,14 @@ class Publisher:
         self._connects = self._published = self._dropped = self._errors = 0
         self._last_error: str | None = None
         self._last_logged: str | None = None
+        self._listeners: dict[str, Callable[[str, bytes], None]] = {}
+
+    def listen(self, topic_filter: str, callback: Callable[[str, bytes], None]) -> None:
+        """Subscribe (QoS 1) to `topic_filter` on every connection and call `callback(topic,
+        payload)` on the loop for each message, retained ones included (the daemon's shared acks
+        and silences). The callback must be quick and never raise; a failure is logged. Call
+        before `run()`."""
+        self._listeners[topic_filter] = callback
 
     @property
     def stats(self) -> PublisherStats:
@@ -301,6 +309,7 @@ class Publisher:
         will = status_payload("offline", version=self.version, interval_s=self.interval_s, ts=self.clock(),
                               reason="lost")
         client = make_client(self.settings, client_id=self.client_id, will=(self.topics["status"], will))
+        reader: asyncio.Task | None = None
         await client.__aenter__()  # explicit enter/exit: the exit must be bounded when stopping
         try:
             raise_if_cancelled()  # a cancel swallowed by the connect: say goodbye and stop
@@ -308,6 +317,10 @@ class Publisher:
             self._connects += 1
             self._last_logged = None
             log.info("MQTT %s: connected as %s", self.settings.url, self.settings.client_id or self.client_id)
+            if self._listeners:
+                for f in self._listeners:
+                    await client.subscribe(f, qos=1)
+                reader = asyncio.create_task(self._read(client), name="nvmon.wire.listen")
             await self._announce(client)
             while True:
                 raise_if_cancelled()  # aiomqtt on 3.11 can swallow a cancel in publish
@@ -321,9 +334,24 @@ class Publisher:
             raise
         finally:
             self._client = None
+            if reader is not None:
+                reader.cancel()
             client.timeout = 0.5  # bounds the DISCONNECT handshake below
             with contextlib.suppress(Exception):  # the connection is being dropped either way
                 await client.__aexit__(None, None, None)
+
+    async def _read(self, client: aiomqtt.Client) -> None:
+        """Hand subscribed messages to their listener. Ends with the connection (the sample path
+        notices the loss and reconnects, which subscribes again)."""
+        with contextlib.suppress(aiomqtt.MqttError):
+            async for m in client.messages:
+                t = str(m.topic)
+                for f, callback in self._listeners.items():
+                    if m.topic.matches(f):
+                        try:
+                            callback(t, bytes(m.payload))
+                        except Exception:  # the daemon's bug must not stop samples
+                            log.exception("MQTT: listener for %s failed", f)
 
     async def _publish(self, client: aiomqtt.Client, kind: str, payload: bytes) -> None:
         qos, retain = DELIVERY[kind]

@@ -42,6 +42,8 @@ from nvmon.wire.contract import (
     MAX_NAME,
     MAX_NVSWITCHES,
     MAX_SUMMARY,
+    MAX_XID,
+    MAX_XID_EVENTS,
     SCHEMA,
     STATUS_STATES,
     Alert,
@@ -229,6 +231,9 @@ def _tick(d: dict, cluster: str, node: str, ts: float) -> Tick:
     for k, v in r.sparse("th").items():
         throttle[r.gpu_key(k, "th")] = None if v is None else tuple(
             text(x, f"th.{k}", 32, null=False) for x in array(v, f"th.{k}", 16))
+    xid_events = {r.gpu_key(k, "xe"): tuple(integer(x, f"xe.{k}", 0, MAX_XID, null=False)
+                                             for x in array(v, f"xe.{k}", MAX_XID_EVENTS))
+                  for k, v in r.sparse("xe").items()}
     gpus = []
     for i, g in enumerate(r.index):
         gpus.append(GpuTick(
@@ -238,7 +243,7 @@ def _tick(d: dict, cluster: str, node: str, ts: float) -> Tick:
             pcie_replay_delta=replay.get(g, 0), nvlink_tx_bytes_per_s=col["nt"][i], nvlink_rx_bytes_per_s=col["nr"][i],
             link_ref_mbps=col["ls"][i], link_tx_pct=col["lt"][i], link_rx_pct=col["lr"][i],
             links_down=down.get(g, ()), links_unknown=unknown.get(g, ()), link_speed_mbps=speeds.get(g, {}),
-            link_errors=errors.get(g, {}),
+            link_errors=errors.get(g, {}), xid_events=xid_events.get(g, ()),
         ))
     rates = nums(d.get("ig", []), "ig", 0, 1e5, MAX_IB_PORTS)
     m = len(rates)
@@ -283,7 +288,8 @@ def _alert(v: object, path: str) -> Alert:
                  since=number(d.get("since"), f"{path}.since", 0, MAX_TS, null=False),
                  gpu=integer(d.get("gpu"), f"{path}.gpu", 0, MAX_INDEX), link=integer(d.get("link"), f"{path}.link", 0, MAX_LINKS),
                  device=text(d.get("device"), f"{path}.device"), port=integer(d.get("port"), f"{path}.port", 0, 255),
-                 labels=labels(d.get("labels"), f"{path}.labels"))
+                 labels=labels(d.get("labels"), f"{path}.labels"),
+                 starts_at=number(d.get("starts_at"), f"{path}.starts_at", 0, MAX_TS))
 
 
 def _alerts(d: dict, cluster: str, node: str, ts: float) -> AlertSet:

@@ -35,6 +35,7 @@ from nvmon.wire.contract import (
     MAX_PAYLOAD_BYTES,
     MAX_SUMMARY,
     MAX_TEXT,
+    MAX_XID_EVENTS,
     SCHEMA,
     STATUS_STATES,
     Alert,
@@ -324,7 +325,8 @@ def sample_payload(sample: Sample) -> bytes:
     pe = {str(g.index): int(g.pcie.replay_errors_delta) for g in gpus if g.pcie.replay_errors_delta}
     th = {str(g.index): None if g.throttle_reasons is None else [_text(r, 32) for r in g.throttle_reasons]
           for g in gpus if g.throttle_reasons is None or g.throttle_reasons}
-    for k, v in (("ld", ld), ("lq", lq), ("lv", lv), ("le", le), ("pe", pe), ("th", th)):
+    xe = {str(g.index): [int(x) for x in g.xid_events[:MAX_XID_EVENTS]] for g in gpus if g.xid_events}
+    for k, v in (("ld", ld), ("lq", lq), ("lv", lv), ("le", le), ("pe", pe), ("th", th), ("xe", xe)):
         if v:
             out[k] = v
 
@@ -435,6 +437,8 @@ def _alert_dict(a: Alert) -> dict[str, Any]:
     d: dict[str, Any] = {"fingerprint": _text(a.fingerprint, MAX_NAME), "code": _text(a.code, MAX_NAME),
                          "severity": a.severity, "state": a.state, "summary": _text(a.summary, MAX_SUMMARY),
                          "since": _num(a.since, 3)}
+    if a.starts_at is not None:
+        d["starts_at"] = _num(a.starts_at, 3)
     for k in ("gpu", "link", "device", "port"):
         if (v := getattr(a, k)) is not None:
             d[k] = _text(v) if k == "device" else v

@@ -1,5 +1,7 @@
 """The alerts screen: active alerts across the fleet, most severe first, then those this view saw
-resolve. Ack and silence are marks local to this view until the alert engine takes them."""
+resolve. `k` acks the selected alert's episode and `x` silences its node + code for SILENCE_S,
+both published in the cluster's shared set on the app's broker (nvmon.alerts.shared), which every
+daemon and `nvmon fleet` of the cluster honours. Without a broker they are marks in this view only."""
 
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ HINTS = {
     "node.stale": "node silent: network or broker path; check the daemon's log",
     "rack.power": "rack draw near its budget: spread jobs or lower power limits",
 }
-NOT_CONNECTED = "not yet connected to the alert engine: marked in this view only"
+NOT_CONNECTED = "no broker: marked in this view only"
+SILENCE_S = 2 * 3600.0  # `x`: silence the selected alert's node + code this long
 
 
 def hint(alert) -> str:
@@ -94,6 +97,8 @@ class AlertsScreen(Screen):
         if shown == self._shown:
             return
         t = self.query_one(DataTable)
+        if not t.columns:  # the app's redraw timer can come before on_mount has added them
+            return
         keep = self._selected_ident()
         same_rows = [r.ident for r in rows] == [r.ident for r in self._rows] and t.row_count == len(rows)
         old = self._shown
@@ -166,9 +171,44 @@ class AlertsScreen(Screen):
             return
         log: AlertLog = self.app.alert_log
         marks = log.acked if which == "ack" else log.silenced
+        if self.app.settings is not None:
+            self.run_worker(self._share(which, r), name=f"nvmon.tui.{which}", group="share", exit_on_error=False)
+            return
         marks.symmetric_difference_update({r.ident})
         verb = {"ack": "acknowledged", "silence": "silenced"}[which]
         self.notify(f"{verb if r.ident in marks else 'un' + verb}: {NOT_CONNECTED}", title=which, markup=False)
+        self.refresh_data(self.app.now())
+
+    async def _share(self, which: str, r: Row) -> None:
+        """Publish the ack or silence in the cluster's shared set; notify the outcome either way."""
+        import getpass
+
+        from nvmon.alerts.shared import shared_ack, shared_silence, update_shared
+        from nvmon.wire.mqtt import describe_error
+
+        cluster, node = r.key
+        a, now = r.alert, self.app.now()
+        by = getpass.getuser()
+        if which == "ack":
+            if a.starts_at is None:
+                self.notify(f"{node} does not publish episode starts (an older nvmon): ack it on the node",
+                            title="ack", severity="error", markup=False)
+                return
+            change, done = shared_ack(a.fingerprint, a.starts_at, now, by), f"acknowledged {a.code} on {node}"
+        else:
+            sid, change = shared_silence({"node": node, "code": a.code}, now, now + SILENCE_S, by, "nvmon tui")
+            done = f"silenced {a.code} on {node} for {SILENCE_S / 3600:g} h (silence {sid})"
+        try:
+            cs = await update_shared(self.app.settings, cluster, change, clock=self.app.now)
+        except Exception as e:  # broker away, refused, unreadable set: say so, keep the view
+            why = str(e) if isinstance(e, ValueError) else describe_error(e)
+            self.notify(f"{which} not shared: {why}", title=which, severity="error", markup=False,
+                        timeout=15)
+            return
+        log: AlertLog = self.app.alert_log
+        (log.acked if which == "ack" else log.silenced).add(r.ident)
+        self.notify(f"{done}; shared on {self.app.settings.url} (cluster {cluster}: {len(cs.silences)} silence(s), "
+                    f"{len(cs.acks)} ack(s))", title=which, markup=False)
         self.refresh_data(self.app.now())
 
     def action_ack(self) -> None:

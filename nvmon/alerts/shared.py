@@ -1,0 +1,245 @@
+"""Acks and silences shared over MQTT (docs/alerts.md, "Shared acks and silences").
+
+Each cluster has one retained control message, `nvmon/v1/<cluster>/@controls`, holding the
+cluster's full set of silences and acks (nvmon.wire.control has the format).
+
+- Writers — `nvmon alerts ack/silence/unsilence --broker`, the TUI's `k`/`x` — call
+  `update_shared()`: read the retained set, apply one change, prune what expired, publish the whole
+  set back (retained, QoS 1). Last writer wins: two writers within the same second can lose one
+  change (the loser's command still printed success); the set is small and changes are rare.
+- Evaluators — the daemon (through its Publisher's connection) and `nvmon fleet` (through a
+  `ControlSubscriber`) — feed each message to a `SharedControls`, which keeps the last good set per
+  cluster (a malformed message is counted, logged and ignored) and gives the engine's form with
+  `controls(now)`; `merge()` adds them to the node's own (SQLite) acks and silences.
+
+A shared silence applies to its cluster only: it is handed to the engine with `cluster=<its
+cluster>` added to its matchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import NoReturn
+
+from nvmon.aio import raise_if_cancelled
+from nvmon.alerts.engine import Silence
+from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription
+from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
+from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
+
+log = logging.getLogger("nvmon.alerts")
+
+RETAINED_WAIT_S = 1.0  # how long a writer waits for the retained set after subscribing
+Acks = dict[tuple[str, int], float]
+
+
+def new_silence_id() -> str:
+    return secrets.token_hex(4)
+
+
+def ack_key(fingerprint: str, starts_at: float) -> tuple[str, int]:
+    return fingerprint, round(starts_at * 1000)
+
+
+def engine_controls(cs: ControlSet, now: float) -> tuple[Acks, list[Silence]]:
+    """A cluster's shared set as `AlertEngine.set_controls` takes it; silences scoped to the cluster."""
+    acks = {ack_key(a.fingerprint, a.starts_at): a.acked_at for a in cs.acks}
+    silences = [Silence(id=f"{cs.cluster}/{s.id}", matchers={**s.matchers, "cluster": cs.cluster}, starts_at=s.starts_at,
+                        ends_at=s.ends_at, created_by=s.created_by, comment=s.comment)
+                for s in cs.silences if s.ends_at > now]
+    return acks, silences
+
+
+def merge(*sources: tuple[Mapping[tuple[str, int], float], Iterable[Silence]]) -> tuple[Acks, list[Silence]]:
+    """Union of (acks, silences) pairs; an episode acked in several places keeps the first ack."""
+    acks: Acks = {}
+    silences: list[Silence] = []
+    for a, s in sources:
+        for k, v in a.items():
+            acks[k] = min(v, acks.get(k, v))
+        silences += list(s)
+    return acks, silences
+
+
+class SharedControls:
+    """The last good control set of each cluster seen. `apply(topic, payload)` is the message
+    callback: cheap, synchronous, never raises."""
+
+    def __init__(self, on_change: Callable[[], None] | None = None):
+        self.sets: dict[str, ControlSet] = {}
+        self.on_change = on_change
+        self.received = 0
+        self.malformed = 0  # refused messages (each logged; the previous set stays in force)
+        self.last_error: str | None = None
+
+    def apply(self, topic: str, payload: bytes) -> bool:
+        self.received += 1
+        try:
+            cs = parse_controls(topic, payload)
+        except WireError as e:
+            self.malformed += 1
+            self.last_error = str(e)
+            if self.malformed <= 10 or self.malformed % 1000 == 0:
+                log.warning("alerts: shared controls on %s refused (%d so far), the previous set stays: %s",
+                            str(topic)[:120], self.malformed, e)
+            return False
+        self.sets[cs.cluster] = cs
+        log.info("alerts: shared controls of cluster %s: %d silence(s), %d ack(s)", cs.cluster, len(cs.silences),
+                 len(cs.acks))
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:  # the owner's callback: never let it break the connection's reader
+                log.exception("alerts: shared controls callback failed")
+        return True
+
+    def controls(self, now: float) -> tuple[Acks, list[Silence]]:
+        return merge(*(engine_controls(cs, now) for cs in self.sets.values()))
+
+
+# --- writers ------------------------------------------------------------------------------------
+
+
+def _client_id(what: str) -> str:
+    return f"nvmon-{what}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+async def _first_message(client, topic: str, wait_s: float) -> bytes | None:
+    """The retained message on `topic` (subscribed already), or None if none comes in `wait_s`."""
+    try:
+        async with asyncio.timeout(wait_s):
+            async for m in client.messages:
+                if str(m.topic) == topic:
+                    return bytes(m.payload)
+    except TimeoutError:
+        pass
+    return None
+
+
+async def update_shared(settings: MqttSettings, cluster: str, change: Callable[[ControlSet], ControlSet], *,
+                        wait_s: float = RETAINED_WAIT_S, clock: Callable[[], float] = time.time) -> ControlSet:
+    """Read the cluster's retained set, apply `change`, prune, publish it back; returns the set
+    published. Raises WireError if the retained set cannot be read (it is not overwritten: clear
+    it with `mosquitto_pub -r -n -t TOPIC` if it is garbage) and the client's errors (MqttError,
+    OSError: `describe_error` words them) if the broker cannot be reached."""
+    topic = control_topic(cluster)
+    async with make_client(settings, client_id=settings.client_id or _client_id("controls")) as client:
+        await client.subscribe(topic, qos=1)
+        current = await _first_message(client, topic, wait_s)
+        try:
+            cs = empty(cluster) if current is None else read_controls(cluster, current)
+        except WireError as e:
+            raise WireError(f"the retained set on {topic} is not readable ({e}); not overwritten") from None
+        new = change(cs).pruned(clock())
+        await client.publish(topic, controls_payload(new), qos=1, retain=True)
+    return new
+
+
+async def read_shared(settings: MqttSettings, cluster: str, *, wait_s: float = RETAINED_WAIT_S) -> ControlSet:
+    """The cluster's retained set as it is now (empty if there is none). Raises like update_shared."""
+    topic = control_topic(cluster)
+    async with make_client(settings, client_id=settings.client_id or _client_id("controls")) as client:
+        await client.subscribe(topic, qos=1)
+        current = await _first_message(client, topic, wait_s)
+    return empty(cluster) if current is None else read_controls(cluster, current)
+
+
+async def find_alerts(settings: MqttSettings, prefix: str, *, cluster: str | None = None,
+                      wait_s: float = RETAINED_WAIT_S, quiet_s: float = 0.3) -> list[tuple[str, str, Alert]]:
+    """Active alerts whose fingerprint starts with `prefix`, from the nodes' retained `alerts`
+    sets: (cluster, node, alert). Reads until `wait_s` passed or `quiet_s` without a message."""
+    from nvmon.wire.parse import parse_message
+
+    found: dict[tuple[str, str, str], Alert] = {}
+    async with make_client(settings, client_id=settings.client_id or _client_id("find")) as client:
+        await client.subscribe(subscription(cluster, None, "alerts"), qos=1)
+        loop = asyncio.get_running_loop()
+        deadline, last = loop.time() + wait_s, None
+        while True:
+            until = deadline if last is None else min(deadline, last + quiet_s)
+            if until <= loop.time():
+                break
+            try:
+                async with asyncio.timeout(until - loop.time()):
+                    m = await anext(aiter(client.messages))
+            except TimeoutError:
+                break
+            last = loop.time()
+            try:
+                msg = parse_message(str(m.topic), bytes(m.payload))
+            except WireError:
+                continue
+            for a in msg.alerts:
+                if a.fingerprint.startswith(prefix):
+                    found[(msg.cluster, msg.node, a.fingerprint)] = a
+    return [(c, n, a) for (c, n, _), a in sorted(found.items())]
+
+
+# --- evaluators without a connection of their own (nvmon fleet) -------------------------------
+
+
+class ControlSubscriber:
+    """Subscribes `shared` to one cluster's control topic (None: every cluster); reconnects with
+    backoff until cancelled. The daemon does not need it: its Publisher's connection listens."""
+
+    def __init__(self, settings: MqttSettings, shared: SharedControls, *, cluster: str | None = None,
+                 backoff: Backoff = Backoff(max_s=10.0)):
+        self.settings, self.shared, self.backoff = settings, shared, backoff
+        self.filter = control_subscription(cluster)
+        self.client_id = _client_id("fleet-controls")
+        self.connected = False
+        self.errors = 0
+
+    async def run(self) -> NoReturn:
+        attempt = 0
+        while True:
+            connected_before = self.connected
+            try:
+                async with make_client(self.settings, client_id=self.client_id) as client:
+                    await client.subscribe(self.filter, qos=1)
+                    raise_if_cancelled()
+                    self.connected, attempt = True, 0
+                    log.info("alerts: listening for shared acks and silences on %s", self.filter)
+                    async for m in client.messages:
+                        self.shared.apply(str(m.topic), bytes(m.payload))
+            except Exception as e:  # broker errors, refused logins, TLS, OSError: all mean "retry"
+                self.errors += 1
+                lvl = logging.WARNING if self.connected or not connected_before else logging.DEBUG
+                log.log(lvl, "alerts: shared controls subscription on %s: %s; retrying", self.settings.url,
+                        describe_error(e))
+            finally:
+                self.connected = False
+            raise_if_cancelled()
+            await asyncio.sleep(self.backoff.delay(attempt))
+            attempt += 1
+
+
+@contextlib.asynccontextmanager
+async def listening(settings: MqttSettings, shared: SharedControls, *, cluster: str | None = None):
+    """`async with listening(settings, shared):` runs a ControlSubscriber for the block."""
+    sub = ControlSubscriber(settings, shared, cluster=cluster)
+    task = asyncio.create_task(sub.run(), name="nvmon.alerts.shared")
+    try:
+        yield sub
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def shared_ack(fingerprint: str, starts_at: float, now: float, by: str | None) -> Callable[[ControlSet], ControlSet]:
+    return lambda cs: cs.with_ack(SharedAck(fingerprint=fingerprint, starts_at=starts_at, acked_at=now, by=by))
+
+
+def shared_silence(matchers: dict[str, str], starts_at: float, ends_at: float, by: str | None,
+                   comment: str | None, silence_id: str | None = None) -> tuple[str, Callable[[ControlSet], ControlSet]]:
+    sid = silence_id or new_silence_id()
+    s = SharedSilence(id=sid, matchers=dict(matchers), starts_at=starts_at, ends_at=ends_at, created_by=by,
+                      comment=comment)
+    return sid, lambda cs: cs.with_silence(s)
