@@ -64,6 +64,18 @@ def test_pending_then_firing_after_for_s_then_resolved_after_clear_s():
     assert [(r.status, r.ends_at, r.fired_at, r.count) for r in resolved] == [("resolved", T0 + 29, T0 + 10, 20)]
 
 
+def test_tick_jitter_does_not_cost_a_whole_tick():
+    """Ticks 0.999 s apart: the tick at 9.99 s after the first sight fires a 10 s for-duration
+    (slack of a quarter interval), the one at 8.99 s does not."""
+    rules = NodeRules(AlertsSettings(for_s=10, startup_grace_s=0), cluster="c1", node="n1")
+    eng = AlertEngine(rules, started_at=T0, tick_slack_s=0.25)
+    seen = run(eng, LINK_DOWN, T0, 12, step=0.999)
+    assert [(round(ts - T0, 3), status) for ts, _, status, _ in seen] == [(0.0, "pending"), (9.99, "firing")]
+    strict = engine()  # no slack: the same ticks wait for the 11th
+    seen = run(strict, LINK_DOWN, T0, 12, step=0.999)
+    assert [(round(ts - T0, 3), status) for ts, _, status, _ in seen] == [(0.0, "pending"), (10.989, "firing")]
+
+
 def test_a_blip_shorter_than_for_s_never_fires_and_leaves_no_history():
     eng = engine()
     seen = run(eng, LINK_DOWN, T0, 3) + run(eng, HEALTHY, T0 + 3, 30)

@@ -111,8 +111,13 @@ class AlertEngine:
     """One node's (or one evaluator's) alerts. `rules` supplies `book` (code → RuleSpec),
     `conditions(input, now)`, `holds(input)` and the identity (cluster, node, rack, labels)."""
 
-    def __init__(self, rules: NodeRules, *, started_at: float, startup_grace_s: float = 0.0):
+    def __init__(self, rules: NodeRules, *, started_at: float, startup_grace_s: float = 0.0,
+                 tick_slack_s: float = 0.0):
+        """`tick_slack_s`: how far short of for_s a condition may be held and still fire. Ticks
+        come every interval give or take scheduling jitter; with ticks 0.999 s apart a 2 s
+        for-duration would otherwise wait for a third tick. The daemon passes a quarter interval."""
         self.rules = rules
+        self.tick_slack_s = tick_slack_s
         self.started_at = started_at
         self.grace_until = started_at + startup_grace_s
         self.stats = EngineStats()
@@ -171,7 +176,8 @@ class AlertEngine:
         return out
 
     def _may_fire(self, rec: AlertRecord, rule: RuleSpec, now: float) -> bool:
-        return now - rec.starts_at >= rule.for_s and not (rule.grace and now < self.grace_until)
+        return (now - rec.starts_at >= rule.for_s - self.tick_slack_s
+                and not (rule.grace and now < self.grace_until - self.tick_slack_s))
 
     def _new_record(self, c: Condition, rule: RuleSpec, now: float) -> AlertRecord:
         r = self.rules

@@ -49,7 +49,8 @@ class DaemonAlerts:
         a = cfg.alerts
         self.rules = NodeRules(a, cluster=cfg.node.cluster, node=node, rack=cfg.node.rack, labels=cfg.node.labels,
                                node_spec=node_spec, interval_s=cfg.sampling.interval_s)
-        self.engine = AlertEngine(self.rules, started_at=clock(), startup_grace_s=a.startup_grace_s)
+        self.engine = AlertEngine(self.rules, started_at=clock(), startup_grace_s=a.startup_grace_s,
+                                  tick_slack_s=cfg.sampling.interval_s / 4)
         self.store, self.publisher = store, publisher
         self.notifier: Notifier = notifier or NullNotifier()
         self.clock = clock
