@@ -44,10 +44,10 @@ class FakeClient:
 
 class Clock:
     def __init__(self):
-        self.t = T0
+        self.t, self.step = T0, 0.001
 
     def __call__(self) -> float:
-        self.t += 0.001
+        self.t += self.step
         return self.t
 
 
@@ -76,3 +76,29 @@ def test_rate_counts_whole_seconds():
     assert r.per_s(101.95) == 1.0  # second 100 only: 2 messages over a 2 s window
     assert r.per_s(102.5) == 2.5  # seconds 100 and 101
     assert r.per_s(110.0) == 0.0
+
+
+async def test_behind_applies_every_node_with_its_newest_sample(monkeypatch):
+    """A starved subscriber (forced behind) applies in slices from the front of `pending`; each
+    node ends on its newest tick, and every sample is either applied or replaced by a newer one."""
+    import nvmon.fleet.subscriber as subscriber
+
+    class Behind(subscriber._Load):
+        def __init__(self):
+            super().__init__()
+            self.behind = True
+
+        def add(self, seconds: float) -> None:
+            self.spent += seconds
+
+    monkeypatch.setattr(subscriber, "_Load", Behind)
+    ticks = board("hgx-h100", 3)
+    backlog = [Msg(topic("c", node, "sample"), sample_payload(t)) for t in ticks for node in ("a", "b", "c")]
+    state = FleetState()
+    clock = Clock()
+    clock.step = 1.0  # every message may start a slice, however long applying takes here
+    sub = FleetSubscriber(MqttSettings(), state, clock=clock)
+    await sub._consume(FakeClient(backlog))
+    s = sub.status
+    assert s.messages == 9 and state.stats.applied + s.coalesced == 9 and state.stats.dropped == 0
+    assert all(state.nodes[("c", node)].tick.ts == ticks[-1].ts for node in ("a", "b", "c"))

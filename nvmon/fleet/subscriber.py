@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
@@ -31,6 +32,7 @@ log = logging.getLogger("nvmon.fleet")
 RATE_WINDOW_S = 5  # messages/s is averaged over this many whole seconds
 MAX_PENDING = 50_000  # samples waiting to be applied (one per topic): flush at this many
 FLUSH_CHUNK = 64  # samples applied between two looks at the socket
+SLICE_S = 0.1  # behind: apply for at most this long, then read for as long as that took
 BUSY_SHARE = 0.5  # applying more than this share of the time: behind, start coalescing samples
 
 
@@ -164,16 +166,20 @@ class FleetSubscriber:
         While the subscriber keeps up, every sample is applied as soon as aiomqtt's queue is
         empty. When applying takes more than BUSY_SHARE of the time (a starved or too small CPU),
         samples wait in `pending`, one per topic, so each node's latest tick is applied once
-        instead of every stale one in turn (toolong's replaceable messages); reading and applying
-        then take turns, each about as long as the last flush took. Memory stays bounded (one
-        sample per node) and so does latency (about two flushes). Retained kinds are applied at
-        once, after the node's pending sample: order within a node is kept, so a will that
+        instead of every stale one in turn (toolong's replaceable messages). Reading and applying
+        then take turns in short slices: a slice (≤ SLICE_S) applies the nodes that have waited
+        longest, each with its newest sample (a newer one replaces the payload but keeps the
+        node's place in line), then reading goes on for as long as the slice took. So while
+        reading keeps up, an applied sample is at most about one publish interval old however far
+        behind applying is: behind in how often a node is applied, not in how old what it shows
+        is. Memory stays bounded (one sample per node). Retained kinds are applied
+        at once, after the node's pending sample: order within a node is kept, so a will that
         follows a tick still wins.
         """
         apply, note_seen, rate, clock = self.state.apply, self.state.note_seen, self._rate, self.clock
         queue, load = client.messages, _Load()
-        pending: dict[str, tuple[object, float]] = {}  # sample topic → (payload, receive time)
-        oldest, hold = 0.0, self.max_delay_s
+        pending: OrderedDict[str, tuple[object, float]] = OrderedDict()  # sample topic → (payload, receive time)
+        oldest = next_slice = 0.0
         async for message in queue:
             now = clock()
             self._messages += 1
@@ -184,8 +190,8 @@ class FleetSubscriber:
                     self._coalesced += 1
                 elif not pending:
                     oldest = now
-                pending[topic] = (message.payload, now)
-                if load.behind:  # proof of life now, though applied only at the next flush
+                pending[topic] = (message.payload, now)  # a replaced sample keeps its place in line
+                if load.behind:  # proof of life now, though applied only when its turn comes
                     note_seen(topic, now)
             else:
                 t0 = time.perf_counter()
@@ -194,8 +200,28 @@ class FleetSubscriber:
                     apply(sample_topic, *queued)
                 apply(topic, message.payload, now)
                 load.add(time.perf_counter() - t0)
-            if pending and ((len(queue) == 0 and not load.behind) or now - oldest >= hold
-                            or len(pending) >= MAX_PENDING):
+            if not pending:
+                continue
+            if load.behind:
+                # Time-shared, not "when the queue is empty": aiomqtt's queue is often empty while
+                # the socket is full (paho reads a packet per loop turn), and reading must keep up
+                # for what is applied to be fresh.
+                if now < next_slice and len(pending) < MAX_PENDING:
+                    continue
+                t0 = time.perf_counter()
+                n = 0
+                while pending and time.perf_counter() - t0 < SLICE_S:
+                    t, (payload, rx) = pending.popitem(last=False)
+                    apply(t, payload, rx)
+                    n += 1
+                    if n % FLUSH_CHUNK == 0:  # let the socket be read and the screen painted meanwhile
+                        await asyncio.sleep(0)
+                took = time.perf_counter() - t0
+                load.add(took)
+                next_slice = clock() + took
+                if pending:  # should it catch up, the not-behind rule below judges from the front
+                    oldest = pending[next(iter(pending))][1]
+            elif len(queue) == 0 or now - oldest >= self.max_delay_s or len(pending) >= MAX_PENDING:
                 t0 = time.perf_counter()
                 items = list(pending.items())
                 pending.clear()
@@ -203,9 +229,7 @@ class FleetSubscriber:
                     apply(t, payload, rx)
                     if i % FLUSH_CHUNK == 0:  # let the socket be read meanwhile
                         await asyncio.sleep(0)
-                took = time.perf_counter() - t0
-                load.add(took)
-                hold = max(self.max_delay_s, took if load.behind else 0.0)
+                load.add(time.perf_counter() - t0)
 
     def _note_error(self, exc: BaseException, *, lost: bool) -> None:
         msg = describe_error(exc)

@@ -14,6 +14,7 @@ Rows are reordered (sort, rack groups, filter) by rewriting the order list; noth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from rich.cells import cell_len, set_cell_size
@@ -96,6 +97,12 @@ class FleetTable(ScrollView, can_focus=True):
         Binding("enter", "select", "Node"),
     ]
     cursor_row: reactive[int] = reactive(0, always_update=False)
+    # Optional probe (bench/fleet_scale.py): called with a node's key whenever its row's line is
+    # rebuilt to be painted: after `sync` found the node changed, or when a row not drawn since
+    # scrolls into view. An online row's cells are built at that moment from `state.nodes[key]`,
+    # so the probe may read the tick now on screen there. None, the default, costs one test per
+    # rebuilt row.
+    paint_probe: Callable[[NodeKey], None] | None = None
 
     class OpenNode(Message):
         def __init__(self, key: NodeKey):
@@ -309,6 +316,8 @@ class FleetTable(ScrollView, can_focus=True):
             strip = self._strips.get(rk)
             if strip is None:
                 strip = self._strips[rk] = row_strip(self._cells(rk))
+                if self.paint_probe is not None and not rk.startswith(RACK_PREFIX):
+                    self.paint_probe(node_key(rk))
             if index == self.cursor_row:
                 strip = strip.apply_style(self.get_component_rich_style("fleet-table--cursor"))
         # the node column stays put when scrolling sideways
