@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from itertools import chain
+from operator import is_not
 from typing import Any
 
 from nvmon.wire.contract import MAX_GPUS, MAX_LABELS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_TEXT, WireError
@@ -88,31 +90,57 @@ def array(v: object, path: str, limit: int, *, length: int | None = None) -> lis
     return v
 
 
-def ints(v: object, path: str, lo: int, hi: int, limit: int, *, length: int | None = None) -> tuple:
-    """A list of integers (or nulls) in lo..hi. The common all-int case is checked in C-speed
-    builtins: the aggregator reads thousands of these arrays a second."""
+_INT = frozenset((int,))
+_INT_NULL = frozenset((int, type(None)))
+_NUM = frozenset((int, float))
+_NUM_NULL = frozenset((int, float, type(None)))
+_LIST = frozenset((list,))
+_not_null = partial(is_not, None)
+
+
+def all_ints(v: list, lo: int, hi: int) -> bool:
+    """True if every item of the list `v` is a plain int (not a bool) in lo..hi, checked in builtins."""
+    return set(map(type, v)) <= _INT and (not v or (lo <= min(v) and max(v) <= hi))
+
+
+def ints(v: object, path: str, lo: int, hi: int, limit: int, *, length: int | None = None,
+         null: bool = True) -> tuple:
+    """A list of integers (or nulls, unless `null` is false) in lo..hi. The common all-int case is
+    checked in C-speed builtins: the aggregator reads thousands of these arrays a second."""
     v = array(v, path, limit, length=length)
-    if set(map(type, v)) <= {int} and (not v or (lo <= min(v) and max(v) <= hi)):
-        return tuple(v)
-    return tuple(integer(x, f"{path}[{i}]", lo, hi) for i, x in enumerate(v))
+    types = set(map(type, v))
+    if types <= _INT:
+        if not v or (lo <= min(v) and max(v) <= hi):
+            return tuple(v)
+    elif null and types <= _INT_NULL:  # a lost GPU's nulls: range-check the rest
+        known = list(filter(_not_null, v))
+        if not known or (lo <= min(known) and max(known) <= hi):
+            return tuple(v)
+    return tuple(integer(x, f"{path}[{i}]", lo, hi, null=null) for i, x in enumerate(v))
 
 
 def int_rows(v: object, path: str, lo: int, hi: int, rows: int, limit: int) -> tuple[tuple, ...]:
     """`rows` lists of at most `limit` integers (or nulls) in lo..hi, e.g. per-GPU link arrays.
     All rows are checked at once in builtins when they are all plain ints (the common case)."""
     v = array(v, path, rows, length=rows)
-    if all(type(r) is list and len(r) <= limit for r in v):
-        flat = list(chain.from_iterable(v))
-        if set(map(type, flat)) <= {int} and (not flat or (lo <= min(flat) and max(flat) <= hi)):
-            return tuple(map(tuple, v))
+    if not v:
+        return ()
+    if set(map(type, v)) <= _LIST and max(map(len, v)) <= limit and all_ints(list(chain.from_iterable(v)), lo, hi):
+        return tuple(map(tuple, v))
     return tuple(ints(r, f"{path}[{i}]", lo, hi, limit) for i, r in enumerate(v))
 
 
 def nums(v: object, path: str, lo: float, hi: float, limit: int, *, length: int | None = None) -> tuple:
     """Like `ints` for numbers; values come back as float (None stays None)."""
     v = array(v, path, limit, length=length)
-    if set(map(type, v)) <= {int, float} and (not v or (lo <= min(v) and max(v) <= hi)):
-        return tuple(float(x) for x in v)  # min/max also catch ±inf (1e999); NaN cannot be parsed
+    types = set(map(type, v))
+    if types <= _NUM:
+        if not v or (lo <= min(v) and max(v) <= hi):  # min/max also catch ±inf (1e999); NaN cannot be parsed
+            return tuple(map(float, v))
+    elif types <= _NUM_NULL:  # a lost GPU's nulls: range-check the rest
+        known = list(filter(_not_null, v))
+        if not known or (lo <= min(known) and max(known) <= hi):
+            return tuple(None if x is None else float(x) for x in v)
     return tuple(number(x, f"{path}[{i}]", lo, hi) for i, x in enumerate(v))
 
 

@@ -14,10 +14,12 @@ is columnar (parallel arrays, sparse maps keyed "G.L") which schema libraries de
 from __future__ import annotations
 
 import re
+from itertools import chain
 
 from nvmon.wire.checks import (
     MAX_RATE,
     MAX_TS,
+    all_ints,
     array,
     int_rows,
     integer,
@@ -164,19 +166,15 @@ class _SampleReader:
 
     def __init__(self, d: dict):
         self.d = d
-        self.n = len(array(d.get("p"), "p", MAX_GPUS))
+        self.n = n = len(array(d.get("p"), "p", MAX_GPUS))
         gi = d.get("gi")
-        self.index = (list(range(self.n)) if gi is None else
-                      [integer(x, "gi", 0, MAX_INDEX, null=False) for x in array(gi, "gi", MAX_GPUS, length=self.n)])
-        if len(set(self.index)) != self.n:
-            raise WireError("gi: GPU indices repeat")
+        if gi is None:
+            self.index = list(range(n))
+        else:
+            self.index = ints(gi, "gi", 0, MAX_INDEX, MAX_GPUS, length=n, null=False)
+            if len(set(self.index)) != n:
+                raise WireError("gi: GPU indices repeat")
         self.pos = {g: i for i, g in enumerate(self.index)}
-
-    def ints(self, key: str, hi: int) -> tuple:
-        return ints(self.d.get(key), key, 0, hi, MAX_GPUS, length=self.n)
-
-    def nums(self, key: str, lo: float, hi: float) -> tuple:
-        return nums(self.d.get(key), key, lo, hi, MAX_GPUS, length=self.n)
 
     def sparse(self, key: str) -> dict:
         return obj(self.d.get(key) or {}, key, MAX_GPUS * MAX_LINKS)
@@ -196,72 +194,124 @@ class _SampleReader:
         out: dict[int, tuple[int, ...]] = {}
         for k, v in self.sparse(key).items():
             g = self.gpu_key(k, key)
-            out[g] = tuple(integer(x, f"{key}.{k}", 0, lengths[g] - 1, null=False)
-                           for x in array(v, f"{key}.{k}", MAX_LINKS))
+            out[g] = ints(v, f"{key}.{k}", 0, lengths[g] - 1, MAX_LINKS, null=False)
         return out
 
 
+def _per_gpu(index: list, found: dict, default: object) -> list:
+    """One value per GPU from a sparse map (most samples have none: skip the look-ups then)."""
+    return [found.get(g, default) for g in index] if found else [default] * len(index)
+
+
+def _fresh_dicts(index: list, found: dict) -> list:
+    """Like `_per_gpu` with `{}` as default, a new dict for each GPU (ticks never share one)."""
+    return [found[g] if g in found else {} for g in index] if found else [{} for _ in index]
+
+
+_RATE = int(MAX_RATE)
+_LIST = frozenset((list,))
+
+
 def _tick(d: dict, cluster: str, node: str, ts: float) -> Tick:
+    # The common case (no sparse keys, plain columns) is checked column by column in builtins
+    # (see checks.ints/nums/int_rows); sparse maps are read only when present and non-empty.
     r = _SampleReader(d)
-    col = {k: r.nums(k, 0, 1e5) for k in ("p", "pl")}
-    col["t"] = r.nums("t", -100, 300)
-    col["u"] = r.nums("u", 0, 1000)
-    for k in ("pg", "pw"):
-        col[k] = r.ints(k, 64)
-    for k in ("pt", "pr", "nt", "nr"):
-        col[k] = r.ints(k, int(MAX_RATE))
-    col["ls"] = r.ints("ls", 10**7)
-    for k in ("lt", "lr"):
-        col[k] = int_rows(d.get(k), k, 0, LINK_PCT_MAX, r.n, MAX_LINKS)
-    lengths = {g: len(col["lt"][i]) for g, i in r.pos.items()}
-    if any(len(col["lr"][i]) != len(col["lt"][i]) for i in range(r.n)):
-        raise WireError("lt/lr: a GPU's tx and rx arrays differ in length")
-    lost = {r.gpu_key(str(integer(x, "lost", 0, MAX_INDEX, null=False)), "lost") for x in array(d.get("lost", []), "lost", MAX_GPUS)}
-    down, unknown = r.links("ld", lengths), r.links("lq", lengths)
+    n, index, get = r.n, r.index, d.get
+    p = nums(get("p"), "p", 0, 1e5, MAX_GPUS, length=n)
+    pl = nums(get("pl"), "pl", 0, 1e5, MAX_GPUS, length=n)
+    t = nums(get("t"), "t", -100, 300, MAX_GPUS, length=n)
+    u = nums(get("u"), "u", 0, 1000, MAX_GPUS, length=n)
+    pg = ints(get("pg"), "pg", 0, 64, MAX_GPUS, length=n)
+    pw = ints(get("pw"), "pw", 0, 64, MAX_GPUS, length=n)
+    pt = ints(get("pt"), "pt", 0, _RATE, MAX_GPUS, length=n)
+    pr = ints(get("pr"), "pr", 0, _RATE, MAX_GPUS, length=n)
+    nt = ints(get("nt"), "nt", 0, _RATE, MAX_GPUS, length=n)
+    nr = ints(get("nr"), "nr", 0, _RATE, MAX_GPUS, length=n)
+    ls = ints(get("ls"), "ls", 0, 10**7, MAX_GPUS, length=n)
+    lt, lr = get("lt"), get("lr")
+    rows = lt + lr if type(lt) is list and type(lr) is list and len(lt) == n == len(lr) else None
+    lt_lengths = list(map(len, lt)) if rows and set(map(type, rows)) <= _LIST else None
+    # Both link arrays at once when they are plain ints of matching lengths; else one by one.
+    if lt_lengths is None or lt_lengths != list(map(len, lr)) or max(lt_lengths) > MAX_LINKS or not all_ints(
+            list(chain.from_iterable(rows)), 0, LINK_PCT_MAX):
+        lt = int_rows(lt, "lt", 0, LINK_PCT_MAX, n, MAX_LINKS)
+        lr = int_rows(lr, "lr", 0, LINK_PCT_MAX, n, MAX_LINKS)
+        lt_lengths = list(map(len, lt))
+        if lt_lengths != list(map(len, lr)):
+            raise WireError("lt/lr: a GPU's tx and rx arrays differ in length")
+    else:
+        lt, lr = tuple(map(tuple, lt)), tuple(map(tuple, lr))
+    lost: set[int] = set()
+    if "lost" in d:
+        lost = {r.gpu_key(str(x), "lost") for x in ints(d["lost"], "lost", 0, MAX_INDEX, MAX_GPUS, null=False)}
+    down: dict[int, tuple[int, ...]] = {}
+    unknown: dict[int, tuple[int, ...]] = {}
     speeds: dict[int, dict[int, int | None]] = {}
-    for k, v in r.sparse("lv").items():
-        g, link = r.link_key(k, "lv", lengths)
-        speeds.setdefault(g, {})[link] = integer(v, f"lv.{k}", 0, 10**7)
     errors: dict[int, dict[int, dict[str, int]]] = {}
-    for k, v in r.sparse("le").items():
-        g, link = r.link_key(k, "le", lengths)
-        errors.setdefault(g, {})[link] = _deltas(v, f"le.{k}")
-    replay = {r.gpu_key(k, "pe"): integer(v, f"pe.{k}", null=False) for k, v in r.sparse("pe").items()}
+    ld, lq, lv, le = get("ld"), get("lq"), get("lv"), get("le")
+    if ld or lq or lv or le:
+        lengths = dict(zip(index, lt_lengths))
+        if ld:
+            down = r.links("ld", lengths)
+        if lq:
+            unknown = r.links("lq", lengths)
+        for k, v in r.sparse("lv").items():
+            g, link = r.link_key(k, "lv", lengths)
+            speeds.setdefault(g, {})[link] = integer(v, f"lv.{k}", 0, 10**7)
+        for k, v in r.sparse("le").items():
+            g, link = r.link_key(k, "le", lengths)
+            errors.setdefault(g, {})[link] = _deltas(v, f"le.{k}")
+    replay = ({r.gpu_key(k, "pe"): integer(v, f"pe.{k}", null=False) for k, v in r.sparse("pe").items()}
+              if get("pe") else {})
     throttle: dict[int, tuple[str, ...] | None] = {}
-    for k, v in r.sparse("th").items():
-        throttle[r.gpu_key(k, "th")] = None if v is None else tuple(
-            text(x, f"th.{k}", 32, null=False) for x in array(v, f"th.{k}", 16))
-    xid_events = {r.gpu_key(k, "xe"): tuple(integer(x, f"xe.{k}", 0, MAX_XID, null=False)
-                                             for x in array(v, f"xe.{k}", MAX_XID_EVENTS))
-                  for k, v in r.sparse("xe").items()}
-    gpus = []
-    for i, g in enumerate(r.index):
-        gpus.append(GpuTick(
-            index=g, lost=g in lost, power_w=col["p"][i], power_limit_w=col["pl"][i], temperature_c=col["t"][i],
-            utilization_pct=col["u"][i], throttle_reasons=throttle.get(g, ()), pcie_gen=col["pg"][i],
-            pcie_width=col["pw"][i], pcie_tx_bytes_per_s=col["pt"][i], pcie_rx_bytes_per_s=col["pr"][i],
-            pcie_replay_delta=replay.get(g, 0), nvlink_tx_bytes_per_s=col["nt"][i], nvlink_rx_bytes_per_s=col["nr"][i],
-            link_ref_mbps=col["ls"][i], link_tx_pct=col["lt"][i], link_rx_pct=col["lr"][i],
-            links_down=down.get(g, ()), links_unknown=unknown.get(g, ()), link_speed_mbps=speeds.get(g, {}),
-            link_errors=errors.get(g, {}), xid_events=xid_events.get(g, ()),
-        ))
-    rates = nums(d.get("ig", []), "ig", 0, 1e5, MAX_IB_PORTS)
+    if get("th"):
+        for k, v in r.sparse("th").items():
+            throttle[r.gpu_key(k, "th")] = None if v is None else tuple(
+                text(x, f"th.{k}", 32, null=False) for x in array(v, f"th.{k}", 16))
+    xid_events = ({r.gpu_key(k, "xe"): ints(v, f"xe.{k}", 0, MAX_XID, MAX_XID_EVENTS, null=False)
+                   for k, v in r.sparse("xe").items()} if get("xe") else {})
+    gpus = tuple(map(
+        GpuTick, index, [g in lost for g in index] if lost else [False] * n, p, pl, t, u,
+        _per_gpu(index, throttle, ()), pg, pw, pt, pr, _per_gpu(index, replay, 0), nt, nr, ls, lt, lr,
+        _per_gpu(index, down, ()), _per_gpu(index, unknown, ()), _fresh_dicts(index, speeds),
+        _fresh_dicts(index, errors), _per_gpu(index, xid_events, ()),
+    ))
+    rates = nums(get("ig", []), "ig", 0, 1e5, MAX_IB_PORTS)
     m = len(rates)
-    tx = ints(d.get("it", []), "it", 0, int(MAX_RATE), MAX_IB_PORTS, length=m)
-    rx = ints(d.get("ir", []), "ir", 0, int(MAX_RATE), MAX_IB_PORTS, length=m)
+    tx = ints(get("it", []), "it", 0, _RATE, MAX_IB_PORTS, length=m)
+    rx = ints(get("ir", []), "ir", 0, _RATE, MAX_IB_PORTS, length=m)
     states: dict[int, tuple[str | None, str | None]] = {}
-    for k, v in obj(d.get("is") or {}, "is", MAX_IB_PORTS).items():
-        st = array(v, f"is.{k}", 2, length=2)
-        states[_port_key(k, m, "is")] = (text(st[0], f"is.{k}", 32), text(st[1], f"is.{k}", 32))
-    ib_err = {_port_key(k, m, "ie"): _deltas(v, f"ie.{k}") for k, v in obj(d.get("ie") or {}, "ie", MAX_IB_PORTS).items()}
-    ib = tuple(IbTick(index=i, rate_gbps=rates[i], tx_bytes_per_s=tx[i], rx_bytes_per_s=rx[i],
-                      state=states.get(i, ("ACTIVE", "LinkUp"))[0], phys_state=states.get(i, ("ACTIVE", "LinkUp"))[1],
-                      errors_delta=ib_err.get(i, {})) for i in range(m))
-    h = array(d.get("h", [None, None, None]), "h", 3, length=3)
-    return Tick(cluster=cluster, node=node, ts=ts, interval_s=number(d.get("dt"), "dt", 0, 86400, null=False),
-                layout=_layout(d.get("lay")), gpus=tuple(gpus), ib=ib,
-                cpu_pct=number(h[0], "h[0]", hi=1e4), mem_used_pct=number(h[1], "h[1]", hi=1e3),
-                load1=number(h[2], "h[2]", hi=1e6), nvml_error=text(d.get("nv"), "nv"))
+    ib_err: dict[int, dict[str, int]] = {}
+    if get("is"):
+        for k, v in obj(d["is"], "is", MAX_IB_PORTS).items():
+            st = array(v, f"is.{k}", 2, length=2)
+            states[_port_key(k, m, "is")] = (text(st[0], f"is.{k}", 32), text(st[1], f"is.{k}", 32))
+    if get("ie"):
+        ib_err = {_port_key(k, m, "ie"): _deltas(v, f"ie.{k}") for k, v in obj(d["ie"], "ie", MAX_IB_PORTS).items()}
+    ports = range(m)
+    st = [states.get(i, _IB_UP) for i in ports] if states else [_IB_UP] * m
+    ib = tuple(map(IbTick, ports, rates, tx, rx, [s[0] for s in st], [s[1] for s in st], _fresh_dicts(ports, ib_err)))
+    h = array(get("h", _NO_HOST), "h", 3, length=3)
+    return Tick(cluster, node, ts, number(get("dt"), "dt", 0, 86400, null=False), _layout(get("lay")), gpus, ib,
+                number(h[0], "h[0]", hi=1e4), number(h[1], "h[1]", hi=1e3), number(h[2], "h[2]", hi=1e6),
+                text(get("nv"), "nv"))
+
+
+_IB_UP = ("ACTIVE", "LinkUp")  # an IB port's (state, phys_state) unless the sample says otherwise
+_NO_HOST = [None, None, None]  # only read: `array` wants a list
+# The tick builders above pass fields by position: fail at import, not with shifted values, if the
+# contract's field order ever changes.
+if (tuple(GpuTick.__dataclass_fields__) != (
+        "index", "lost", "power_w", "power_limit_w", "temperature_c", "utilization_pct", "throttle_reasons",
+        "pcie_gen", "pcie_width", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "pcie_replay_delta",
+        "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "link_ref_mbps", "link_tx_pct", "link_rx_pct",
+        "links_down", "links_unknown", "link_speed_mbps", "link_errors", "xid_events")
+        or tuple(IbTick.__dataclass_fields__) != (
+        "index", "rate_gbps", "tx_bytes_per_s", "rx_bytes_per_s", "state", "phys_state", "errors_delta")
+        or tuple(Tick.__dataclass_fields__) != (
+        "cluster", "node", "ts", "interval_s", "layout", "gpus", "ib", "cpu_pct", "mem_used_pct", "load1",
+        "nvml_error")):
+    raise ImportError("nvmon.wire.parse: GpuTick/IbTick/Tick fields changed; update _tick")
 
 
 def _layout(v: object) -> str:
