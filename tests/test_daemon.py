@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mqtt_broker import Broker, Recorder, needs_mosquitto, password_line, wait_until
+from mqtt_broker import Broker, Recorder, needs_mosquitto, wait_until
 
 pytestmark = needs_mosquitto
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -36,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nvmon.aio import raise_if_cancelled
 from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
+from nvmon.daemon.config import MqttSection
 from nvmon.fleet.rules import FleetSettings
 from nvmon.wire.contract import valid_name
 
@@ -59,25 +59,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class MqttTable(_Strict):
-    """`[mqtt]`: the same keys as the daemon's (keepalive_s is this client's own)."""
+class MqttTable(MqttSection):
+    """`[mqtt]`: the daemon's keys and checks (keepalive_s is this client's own); no default broker."""
 
     broker: str | None = None
-    username: str | None = None
-    password_file: Path | None = None
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    keepalive_s: int = Field(10, ge=2, le=600)
-
-    @field_validator("broker")
-    @classmethod
-    def _broker(cls, v: str | None) -> str | None:
-        if v in (None, ""):
-            return None
-        if not re.match(r"^mqtts?://[^/\s:]+(:\d{1,5})?/?$", v):
-            raise ValueError("must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
-        return v
 
 
 class FleetConfig(_Strict):
