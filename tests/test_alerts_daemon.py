@@ -1,9 +1,9 @@
 """Node alerts inside `nvmon daemon`: for each simulator fault, a real daemon process with real
 SQLite and a real Mosquitto pages exactly once per fingerprint with the right code and labels,
 publishes it retained, and resolves it once the fault is cleared (the daemon restarted on a
-healthy board, the same database: no second page). Plus the in-process guarantees: an engine bug
-or a failing notifier never stops sampling, silences keep alerts from the notifier, and bad
-`[alerts]` config is one line."""
+healthy board, the same database: no second page), or in the same run when the fault has an end
+time (`@START-END`). Plus the in-process guarantees: an engine bug or a failing notifier never
+stops sampling, silences keep alerts from the notifier, and bad `[alerts]` config is one line."""
 
 from __future__ import annotations
 
@@ -154,6 +154,46 @@ async def _fault_pages_once(tmp_path, fault, codes, expected, toml, receiver, ex
             for hook_name, fps in hook_deliveries(receiver, exec_out, "firing").items():
                 assert sorted(fps) == sorted(fired), hook_name
     assert "Traceback" not in d2.log_text()
+
+
+@needs_mosquitto
+async def test_a_fault_with_an_end_time_fires_and_resolves_in_the_same_run(tmp_path):
+    """`@START-END`: the hardware heals while the daemon runs. PCIe width is in the collector's slow
+    rotation (re-read every 20 ticks, 4 s at 0.2 s), so its fault lasts 5 s: at least one read lands
+    in it, and one after it. The IB port is read every tick."""
+    argv, exec_out = recorder(tmp_path)
+    toml = ALERTS_TOML + f'[[hooks]]\ntype = "exec"\ncommand = {json.dumps(argv)}\n'
+    codes = ["ib.count", "ib.port_down", "pcie.width"]
+    with Broker(tmp_path) as broker:
+        async with Recorder(broker.url, "nvmon/v1/t/n1/alerts") as rec:
+            d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100,pcie_width=3:8@1-6,ib_down=mlx5_1@1-6",
+                           extra_toml=toml).start()
+            try:
+                await rec.wait_for("alerts", lambda m: sorted(a["code"] for a in active_set(m)
+                                                              if a["state"] == "firing") == codes, timeout=15)
+                fired_at = len(rec.messages)
+                await wait_until(lambda: any(active_set(m) == [] for m in rec.messages[fired_at:]), 15,
+                                 "an empty active set once the faults end")
+                n = len(await wait_ticks(d.db, 1))
+                await wait_ticks(d.db, n + 5)  # 1 s more: nothing fires again
+            finally:
+                assert d.stop() == 0
+    log = d.log_text()
+    fired, resolved = logged(log, "firing"), logged(log, "resolved")
+    assert len(fired) == len(set(fired)) == len(codes) and sorted(resolved) == sorted(fired), log
+    rows = alert_rows(d.db)
+    assert [r["code"] for r in rows] == codes and {r["status"] for r in rows} == {"resolved"}
+    assert {r["fingerprint"] for r in rows} == set(fired)
+    by_code = {r["code"]: r for r in rows}
+    assert (by_code["pcie.width"]["gpu"], by_code["ib.port_down"]["device"]) == (3, "mlx5_1")
+    for r in rows:
+        assert r["ends_ms"] >= r["fired_ms"]
+    # The exec hook heard each fingerprint fire once and resolve once, in that order.
+    heard = [(a["fingerprint"], a["status"]) for a in map(json.loads, (c["stdin"] for c in calls(exec_out)))]
+    assert sorted(heard) == sorted([(fp, st) for fp in fired for st in ("firing", "resolved")])
+    for fp in fired:
+        assert heard.index((fp, "firing")) < heard.index((fp, "resolved"))
+    assert "Traceback" not in log
 
 
 # -- in process -----------------------------------------------------------------------------------

@@ -344,3 +344,135 @@ def test_no_xid_event_set_means_no_wait_and_every_gpu_reports_the_capability(mon
         c.close()
     finally:
         node.close()
+
+
+# -- faults with an end time (@START-END): on at START, healthy again from END --------------------
+
+# fault (held from 5 s to 30 s) → whether a sample shows it, and the collector's lag in ticks to see
+# it start / end: state fields and counters every tick, the slow rotation (temperature, PCIe gen and
+# width, power limit) every 20, a lost GPU retried every 30.
+ENDING = [
+    ("nvlink_down=2.5", lambda s: (s.gpus[2].nvlink[5].active, s.gpus[2].nvlink[5].tx_bytes_per_s) == (False, 0), 1, 1),
+    ("nvlink_errors=2.5", lambda s: s.gpus[2].nvlink[5].errors_delta["crc_flit"] > 0, 1, 1),
+    ("pcie_width=3:8", lambda s: s.gpus[3].pcie.width == 8, 20, 20),
+    ("pcie_gen=3:3", lambda s: s.gpus[3].pcie.gen == 3, 20, 20),
+    ("ib_down=1", lambda s: s.ib[1].state == "DOWN" and s.ib[1].tx_bytes_per_s == 0, 1, 1),
+    ("ib_rate=mlx5_1:100", lambda s: s.ib[1].rate_gbps == 100, 1, 1),
+    ("ib_errors=3", lambda s: s.ib[3].errors_delta["symbol_error"] > 0, 1, 1),
+    ("power_cap=4", lambda s: s.gpus[4].power_w < 430, 1, 1),  # capped at 60 % of 700 W: flat 420 W
+    ("power_cap=4:350", lambda s: s.gpus[4].power_limit_w == 350, 20, 20),
+    ("thermal=5", lambda s: s.gpus[5].temperature_c == 92, 20, 20),
+    ("thermal=5", lambda s: "sw_thermal" in s.gpus[5].throttle_reasons, 3, 3),
+    ("gpu_lost=6", lambda s: s.gpus[6].lost, 1, 30),
+    ("notsup=energy:1", lambda s: s.gpus[1].energy_j is None and s.gpus[1].power_w is None, 1, 1),
+]
+
+
+def run_ticks(spec: str, until: float):
+    """(board seconds, sample) once a second from 0 to `until`, through the real collector."""
+    node, sampler, clock = make(spec)
+    try:
+        out = []
+        while node.board.now() <= until:
+            out.append((node.board.now(), sampler.sample()))
+            clock.t += 1
+        return node, out
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize(("fault", "shows", "on_lag", "off_lag"), ENDING,
+                         ids=[f"{f}-{i}" for i, (f, *_) in enumerate(ENDING)])
+def test_fault_with_an_end_time_clears_in_the_same_run(fault, shows, on_lag, off_lag):
+    node, ticks = run_ticks(f"hgx-h100,{fault}@5-30", until=30 + max(off_lag, 20) + 3)  # all re-read by then
+    seen = {t: shows(s) for t, s in ticks[1:]}  # the first tick has no rates yet
+    assert not any(v for t, v in seen.items() if t < 5), seen
+    assert all(v for t, v in seen.items() if 5 + on_lag <= t < 30), seen
+    assert not any(v for t, v in seen.items() if t >= 30 + off_lag), seen
+    # Counters never run backwards (a drop would read as a reset: a None rate): every rate of every
+    # GPU that answered this tick and the last one is there, and every IB port's.
+    for (_, prev), (t, s) in zip(ticks[1:], ticks[2:]):
+        for g, pg in zip(s.gpus, prev.gpus):
+            if not (g.lost or pg.lost or (fault.startswith("notsup") and g.index == 1 and 5 <= t <= 31)):
+                assert g.power_w is not None and all(lk.tx_bytes_per_s is not None for lk in g.nvlink), (t, g.index)
+        assert all(p.tx_bytes_per_s is not None and p.rx_bytes_per_s is not None for p in s.ib), t
+    # After the end the whole node is as healthy as a board that never had the fault.
+    last = ticks[-1][1]
+    assert not any(g.lost for g in last.gpus) and all(lk.active for g in last.gpus for lk in g.nvlink)
+    assert all((g.pcie.gen, g.pcie.width, g.power_limit_w) == (5, 16, 700.0) for g in last.gpus)
+    assert all(g.temperature_c < 80 and not {"sw_thermal", "sw_power_cap"} & set(g.throttle_reasons) for g in last.gpus)
+    assert all((p.state, p.rate_gbps) == ("ACTIVE", 400) for p in last.ib)
+    assert all(v == 0 for p in last.ib for v in p.errors_delta.values() if v is not None)
+    assert all(v == 0 for g in last.gpus for lk in g.nvlink for v in lk.errors_delta.values() if v is not None)
+
+
+def test_counters_are_monotonic_across_start_and_end_and_stop_rising_after_end():
+    node = SimNode("pairs-a100,nvlink_down=2.1@3-7.5,gpu_lost=2@5-9,nvlink_errors=4.1@2-6,nvlink_errors=4.1@5-8,"
+                   "power_cap=1:200@2-4.3,power_cap=1:120@3-6,ib_down=0@1-3,ib_rate=0:50@2-5,ib_errors=1@1.5-4",
+                   clock=Clock())
+    try:
+        b = node.board
+        ts = [i / 40 for i in range(40 * 12)]
+        series = {
+            "kib": [b.link_kib(2, 1, t) for t in ts],
+            "peer_kib": [b.link_kib(3, 1, t) for t in ts],
+            "errors": [tuple(b.link_errors(4, 1, t).values()) for t in ts],
+            "energy": [b.energy_mj(1, t) for t in ts],
+            "ib_words": [b.ib_words(0, t) for t in ts],
+            "ib_errors": [tuple(b.ib_errors(1, t).values()) for t in ts],
+        }
+        for name, xs in series.items():
+            assert all(all(n >= o for n, o in zip(new, old)) if isinstance(new, tuple) else new >= old
+                       for old, new in zip(xs, xs[1:])), name
+        # NVLink errors rise over the union of their two spans (2..8 s), then hold
+        base = b.link_errors(4, 1, 0)
+        assert b.link_errors(4, 1, 8) == b.link_errors(4, 1, 100) == {k: base[k] + int(r * 6) for k, r in
+                                                                      {"crc_flit": 5.0, "crc_data": 2.0,
+                                                                       "replay": 3.0, "recovery": 0.1}.items()}
+        # traffic on 2.1 stops while the link is down or GPU 2 lost (3..9 s), then flows again
+        assert b.link_kib(2, 1, 3) == b.link_kib(2, 1, 6) == b.link_kib(2, 1, 9) < b.link_kib(2, 1, 9.5)
+        assert b.link_kib(3, 1, 3) == b.link_kib(3, 1, 7.5) < b.link_kib(3, 1, 8)  # the peer end: link only
+        assert not b.link_active(3, 1, 7.4) and b.link_active(3, 1, 7.5)
+        # energy: the capped waves while a cap holds (the later one wins), the uncapped one outside
+        assert [b.power_limit_w(1, t) for t in (1, 2, 3, 4.5, 6)] == [300, 200, 120, 120, 300]
+        e = b.energy_mj
+        assert e(1, 4) - e(1, 3) == pytest.approx(120_000, abs=2)
+        assert e(1, 3) - e(1, 2) == pytest.approx(200_000, abs=2)
+        uncapped = SimNode("pairs-a100", clock=Clock()).board  # same seed: same phase, same base
+        assert e(1, 12) - e(1, 10) == uncapped.energy_mj(1, 12) - uncapped.energy_mj(1, 10)
+        # IB port 0: no traffic while down (1..3), 50 Gb/s while slow (3..5), 200 after
+        w = b.ib_words
+        assert w(0, 1) == w(0, 3) and b.ib_state(0, 2.9)[0] == "DOWN"
+        assert b.ib_state(0, 3)[:3] == ("ACTIVE", "LinkUp", 50)
+        assert b.ib_state(0, 5)[2] == 200
+        full = uncapped.ib_words(0, 11)[0] - uncapped.ib_words(0, 7)[0]
+        assert w(0, 11)[0] - w(0, 7)[0] == full
+        assert b.ib_errors(1, 4) == b.ib_errors(1, 50) != b.ib_errors(1, 3.5)
+        assert b.ib_errors(1, 50)["symbol_error"] - b.ib_errors(1, 0)["symbol_error"] == int(3.0 * 2.5)
+    finally:
+        node.close()
+
+
+def test_ib_eth_and_notsup_end_at_the_driver_and_sysfs_level():
+    """The collector reads a port's link layer once and treats Not Supported as permanent (as a real
+    driver's is), so these two are checked where the simulator answers: sysfs and the NVML calls."""
+    clock = Clock()
+    node = SimNode("hgx-h100,ib_eth=mlx5_2@2-4,notsup=temperature:3@2-4", clock=clock)
+    try:
+        layer = node.sysfs_root / "class/infiniband/mlx5_2/ports/1/link_layer"
+        nv = node.nvml
+        nv.nvmlInit()
+        h = nv.nvmlDeviceGetHandleByIndex(3)
+        seen = []
+        for _ in range(6):
+            node.sync()
+            try:
+                temp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
+            except nv.NVMLError_NotSupported:
+                temp = None
+            seen.append((layer.read_text().strip(), temp is None))
+            clock.t += 1
+        assert seen == [("InfiniBand", False)] * 2 + [("Ethernet", True)] * 2 + [("InfiniBand", False)] * 2
+        nv.nvmlShutdown()
+    finally:
+        node.close()

@@ -3,6 +3,12 @@
 Every cumulative counter is a closed-form function of time since the board started (traffic is a
 square wave: all-reduce bursts, or a constant level), so readings are deterministic for a seed and
 a time, monotonic, and cost O(1) no matter how far the clock jumps (benchmarks fast-forward it).
+
+A fault holds over [start, end) (`Fault.active`). Counters are piecewise over the fault's
+breakpoints: error counters rise only while their fault holds, traffic stops while a link or port
+is down (or its GPU lost) and resumes after, energy integrates the capped wave only while a cap
+holds. Each piece before `t` is a fixed sum and only the last one grows, so counters stay monotonic
+across every start and end.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ _POWER_SHAPE = {"idle": (1.0, 1.0, 0.11, 0.11), "allreduce": (2.0, 0.45, 0.70, 0
 _PCIE_BYTES_PER_S = {"idle": 4e6, "allreduce": 1.8e9, "busy": 2.5e9}
 _UTIL = {"idle": 0, "allreduce": 97, "busy": 100}
 
+INF = float("inf")
+Spans = tuple[tuple[float, float], ...]  # sorted, disjoint [start, end) of a fault
+
 # NVLink error growth per second on a faulty link, and IB error growth on a faulty port.
 _NVLINK_ERR_RATE = {"crc_flit": 5.0, "crc_data": 2.0, "replay": 3.0, "recovery": 0.1}
 _IB_ERR_RATE = {"symbol_error": 3.0, "port_rcv_errors": 1.0, "link_error_recovery": 0.05}
@@ -41,6 +50,45 @@ def square_integral(t: float, shape: tuple[float, float, float, float], phase: f
         return n * period * (duty * hi + (1 - duty) * lo) + min(r, on) * hi + max(0.0, r - on) * lo
 
     return cum(t + phase) - cum(phase)
+
+
+def merge_spans(spans) -> Spans:
+    """Sorted, disjoint [start, end) intervals covering the union of `spans`."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+def held_s(spans: Spans, t: float) -> float:
+    """Seconds in [0, t] covered by the disjoint `spans`."""
+    return sum(min(b, t) - a for a, b in spans if a < t)
+
+
+def inside(spans: Spans, t: float) -> bool:
+    return any(a <= t < b for a, b in spans)
+
+
+def integral_outside(spans: Spans, t: float, cum: Callable[[float], float]) -> float:
+    """∫ over [0, t] minus the disjoint `spans` of a level whose integral from 0 is `cum` (cum(0) == 0):
+    the fixed pieces before `t`, plus the growing one `t` is in (none while `t` is inside a span)."""
+    total, cursor = 0.0, 0.0
+    for a, b in spans:
+        if a >= t:
+            break
+        if a > cursor:
+            total += cum(a) - cum(cursor)
+        cursor = b
+        if cursor >= t:
+            return total
+    return total + (cum(t) - cum(cursor))
+
+
+def _span(f: Fault) -> tuple[float, float]:
+    return f.after_s, INF if f.until_s is None else f.until_s
 
 
 def square_level(t: float, shape: tuple[float, float, float, float], phase: float) -> float:
@@ -92,11 +140,18 @@ class SimBoard:
                     replay_base=rng.randrange(0, 3),
                 )
             )
-        # Fault starts by (kind, gpu, link): looked up for every simulated value, so precomputed.
-        self._starts: dict[tuple, float] = {}
+        # When each fault holds, by (kind, gpu, link, IB port index): merged [start, end) spans,
+        # looked up for every simulated value, so precomputed. Derived per-link / per-GPU / per-port
+        # piecewise shapes are cached on first use (the scenario never changes).
+        spans: dict[tuple, list[tuple[float, float]]] = {}
         for f in scenario.faults:
-            key = (f.kind, f.gpu, f.link)
-            self._starts[key] = min(self._starts.get(key, f.after_s), f.after_s)
+            key = (f.kind, f.gpu, f.link, None if f.port is None else self.ib_index(f.port))
+            spans.setdefault(key, []).append(_span(f))
+        self._spans: dict[tuple, Spans] = {k: merge_spans(v) for k, v in spans.items()}
+        self._by_kind: dict[str, tuple[Fault, ...]] = {}
+        for f in scenario.faults:
+            self._by_kind[f.kind] = self._by_kind.get(f.kind, ()) + (f,)
+        self._cache: dict[tuple, object] = {}
         self.ib_names = [f"mlx5_{i}" for i in range(p.ib_ports)]
         self.ib_word_base = [(rng.randrange(10**10, 10**12), rng.randrange(10**10, 10**12)) for _ in self.ib_names]
         self.ib_err_base = [{k: rng.randrange(0, 3) for k in IB_ERR_WIDTH} for _ in self.ib_names]
@@ -108,11 +163,22 @@ class SimBoard:
         return max(0.0, self.clock() - self.t0)
 
     def faults(self, kind: str, t: float) -> list[Fault]:
-        return [f for f in self.scenario.faults if f.kind == kind and t >= f.after_s]
+        """The faults of `kind` that hold at `t` (started, not yet ended), in spec order."""
+        return [f for f in self._by_kind.get(kind, ()) if f.active(t)]
 
-    def _fault_start(self, kind: str, gpu: int | None = None, link: int | None = None) -> float | None:
-        """When the first fault of `kind` on this GPU (and link) starts; None if there is none."""
-        return self._starts.get((kind, gpu, link))
+    def spans(self, kind: str, gpu: int | None = None, link: int | None = None, port: int | None = None) -> Spans:
+        """When faults of `kind` on this GPU (link, IB port index) hold: merged [start, end) spans."""
+        return self._spans.get((kind, gpu, link, port), ())
+
+    def _breakpoints(self, kind: str, match: Callable[[Fault], bool]) -> list[float]:
+        """0 and every start and end of the matching faults of `kind` (a value is constant between)."""
+        pts = {0.0}
+        for f in self.scenario.faults:
+            if f.kind == kind and match(f):
+                pts.add(f.after_s)
+                if f.until_s is not None:
+                    pts.add(f.until_s)
+        return sorted(pts)
 
     def gpu_lost(self, gpu: int, t: float) -> bool:
         return any(f.gpu == gpu for f in self.faults("gpu_lost", t))
@@ -135,38 +201,50 @@ class SimBoard:
             return "gpu", gpu ^ 1
         return "nvswitch", link % max(1, p.switches)
 
-    def _link_down_since(self, gpu: int, link: int) -> float | None:
-        starts = [self._fault_start("nvlink_down", gpu=gpu, link=link)]
-        if self.profile.fabric == "pairs":  # a dead bridge link is dead at both ends
-            starts.append(self._fault_start("nvlink_down", gpu=gpu ^ 1, link=link))
-        starts = [s for s in starts if s is not None]
-        return min(starts) if starts else None
+    def _link_down_spans(self, gpu: int, link: int) -> Spans:
+        key = ("link_down", gpu, link)
+        if key not in self._cache:
+            spans = list(self.spans("nvlink_down", gpu, link))
+            if self.profile.fabric == "pairs":  # a dead bridge link is dead at both ends
+                spans += self.spans("nvlink_down", gpu ^ 1, link)
+            self._cache[key] = merge_spans(spans)
+        return self._cache[key]  # type: ignore[return-value]
+
+    def _link_idle_spans(self, gpu: int, link: int) -> Spans:
+        """When the link carries no traffic: it is down, or its GPU is lost."""
+        key = ("link_idle", gpu, link)
+        if key not in self._cache:
+            self._cache[key] = merge_spans(self._link_down_spans(gpu, link) + self.spans("gpu_lost", gpu))
+        return self._cache[key]  # type: ignore[return-value]
 
     def link_active(self, gpu: int, link: int, t: float) -> bool:
         if link >= self.profile.links_used:
             return False
-        since = self._link_down_since(gpu, link)
-        return since is None or t < since
+        down = self._link_down_spans(gpu, link)
+        return not down or not inside(down, t)
 
     def link_kib(self, gpu: int, link: int, t: float) -> tuple[int, int]:
         """Cumulative (tx, rx) KiB, as NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX count them."""
         g = self.gpus[gpu]
         if link >= self.profile.links_used:
             return g.kib_base[link]
-        since = self._link_down_since(gpu, link)
-        lost = self._fault_start("gpu_lost", gpu=gpu)
-        tt = min(t, since if since is not None else t, lost if lost is not None else t)
-        w = square_integral(tt, _NVLINK_SHAPE[self.scenario.load], self.phase)
+        shape, phase = _NVLINK_SHAPE[self.scenario.load], self.phase
+        idle = self._link_idle_spans(gpu, link)
+        if idle:
+            w = integral_outside(idle, t, lambda x: square_integral(x, shape, phase))
+        else:
+            w = square_integral(t, shape, phase)
         bw_kib = self.profile.link_mbps * 1e6 / 1024
         ftx, frx = g.link_factor[link]
         return g.kib_base[link][0] + int(bw_kib * w * ftx), g.kib_base[link][1] + int(bw_kib * w * frx)
 
     def link_errors(self, gpu: int, link: int, t: float) -> dict[str, int]:
         base = self.gpus[gpu].err_base[link]
-        start = self._fault_start("nvlink_errors", gpu=gpu, link=link)
-        if start is None or t < start:
+        spans = self.spans("nvlink_errors", gpu, link)
+        if not spans or t < spans[0][0]:
             return dict(base)
-        return {k: base[k] + int(rate * (t - start)) for k, rate in _NVLINK_ERR_RATE.items()}
+        held = held_s(spans, t)  # the errors rise only while the fault holds
+        return {k: base[k] + int(rate * held) for k, rate in _NVLINK_ERR_RATE.items()}
 
     # ---- power, thermal, PCIe ---------------------------------------------------------------
 
@@ -188,15 +266,29 @@ class SimBoard:
         lim = self.profile.power_limit_w
         return period, duty, hi * lim, lo * lim
 
+    def _energy_pieces(self, gpu: int) -> list[tuple[float, float, tuple[float, float, float, float]]]:
+        """(start, end, power wave) pieces of time: the wave changes only where a cap starts or ends."""
+        key = ("energy", gpu)
+        if key not in self._cache:
+            pts = self._breakpoints("power_cap", lambda f: f.gpu == gpu)
+            pieces: list[tuple[float, float, tuple[float, float, float, float]]] = []
+            for a, b in zip(pts, pts[1:] + [INF]):
+                shape = self._power_shape(gpu, a)
+                if pieces and pieces[-1][2] == shape:
+                    pieces[-1] = (pieces[-1][0], b, shape)
+                else:
+                    pieces.append((a, b, shape))
+            self._cache[key] = pieces
+        return self._cache[key]  # type: ignore[return-value]
+
     def energy_mj(self, gpu: int, t: float) -> int:
-        """Cumulative energy (mJ): the uncapped power wave until a cap starts, the capped one after."""
-        start = self._fault_start("power_cap", gpu=gpu)
-        if start is None or t < start:
-            e = square_integral(t, self._uncapped_power_shape(), self.phase)
-        else:
-            capped = self._power_shape(gpu, t)
-            e = (square_integral(start, self._uncapped_power_shape(), self.phase)
-                 + square_integral(t, capped, self.phase) - square_integral(start, capped, self.phase))
+        """Cumulative energy (mJ): the power wave of each piece of time (uncapped, or capped while a
+        cap holds) integrated over the part of it before `t`."""
+        e = 0.0
+        for a, b, shape in self._energy_pieces(gpu):
+            if a >= t:
+                break
+            e += square_integral(min(b, t), shape, self.phase) - (square_integral(a, shape, self.phase) if a else 0.0)
         return self.gpus[gpu].energy_base_mj + int(e * 1000)
 
     def power_mw(self, gpu: int, t: float) -> int:
@@ -262,22 +354,42 @@ class SimBoard:
         layer = "Ethernet" if self._ib_faults("ib_eth", i, t) else "InfiniBand"
         return "ACTIVE", "LinkUp", rate, layer
 
+    def _ib_pieces(self, i: int) -> list[tuple[float, float, float]]:
+        """(start, end, Gb/s) pieces of time for port i: 0 while it is down, its (reduced) rate else."""
+        key = ("ib", i)
+        if key not in self._cache:
+            pts = sorted(set(self._breakpoints("ib_down", lambda f: self.ib_index(f.port) == i))
+                         | set(self._breakpoints("ib_rate", lambda f: self.ib_index(f.port) == i)))
+            pieces: list[tuple[float, float, float]] = []
+            for a, b in zip(pts, pts[1:] + [INF]):
+                rate = 0.0 if self._ib_faults("ib_down", i, a) else self.ib_state(i, a)[2]
+                if pieces and pieces[-1][2] == rate:
+                    pieces[-1] = (pieces[-1][0], b, rate)
+                else:
+                    pieces.append((a, b, rate))
+            self._cache[key] = pieces
+        return self._cache[key]  # type: ignore[return-value]
+
     def ib_words(self, i: int, t: float) -> tuple[int, int]:
-        """Cumulative (xmit, rcv) data counters in 4-octet words, as the kernel exposes them."""
-        down = [f.after_s for f in self.scenario.faults if f.kind == "ib_down" and self.ib_index(f.port) == i]
-        tt = min([t] + down)
-        slow = self._ib_faults("ib_rate", i, t)
-        rate = float(slow[-1].value) if slow else float(self.profile.ib_rate_gbps)
-        w = square_integral(tt, _IB_SHAPE[self.scenario.load], self.phase + 0.3)
-        bytes_ = rate * 1e9 / 8 * w
+        """Cumulative (xmit, rcv) data counters in 4-octet words, as the kernel exposes them: the
+        traffic wave at the port's rate of each piece of time (none while it is down)."""
+        shape, phase = _IB_SHAPE[self.scenario.load], self.phase + 0.3
+        bytes_ = 0.0
+        for a, b, rate in self._ib_pieces(i):
+            if a >= t:
+                break
+            if rate:
+                w = square_integral(min(b, t), shape, phase) - (square_integral(a, shape, phase) if a else 0.0)
+                bytes_ += rate * 1e9 / 8 * w
         base = self.ib_word_base[i]
         return base[0] + int(bytes_ / 4), base[1] + int(bytes_ * 0.98 / 4)
 
     def ib_errors(self, i: int, t: float) -> dict[str, int]:
         """Cumulative PMA error counters; they saturate at their width, like the real ones."""
         errs = dict(self.ib_err_base[i])
-        starts = [f.after_s for f in self.scenario.faults if f.kind == "ib_errors" and self.ib_index(f.port) == i]
-        if starts and t >= min(starts):
+        spans = self.spans("ib_errors", port=i)
+        if spans and t >= spans[0][0]:
+            held = held_s(spans, t)  # the errors rise only while the fault holds
             for k, rate in _IB_ERR_RATE.items():
-                errs[k] = min(errs[k] + int(rate * (t - min(starts))), (1 << IB_ERR_WIDTH[k]) - 1)
+                errs[k] = min(errs[k] + int(rate * held), (1 << IB_ERR_WIDTH[k]) - 1)
         return errs

@@ -72,7 +72,7 @@ class SimNode:
             state, phys, rate, layer = b.ib_state(i, t)
             tree.write_ib_port(root, dev, 1, state=state, phys_state=phys, rate_gbps=rate, link_layer=layer,
                                counters=self._counters(i, t), bdf=bdf)
-            self._last_state[i] = (state, phys, rate)
+            self._last_state[i] = (state, phys, rate, layer)
 
     def _counters(self, i: int, t: float) -> dict[str, int]:
         tx, rx = self.board.ib_words(i, t)
@@ -83,10 +83,12 @@ class SimNode:
         b = self.board
         t = b.now()
         for i, dev in enumerate(b.ib_names):
-            state, phys, rate, _ = b.ib_state(i, t)
-            if self._last_state.get(i) != (state, phys, rate):
-                tree.update_ib_state(self.sysfs_root, dev, 1, state=state, phys_state=phys, rate_gbps=rate)
-                self._last_state[i] = (state, phys, rate)
+            state, phys, rate, layer = b.ib_state(i, t)
+            last = self._last_state.get(i)
+            if last != (state, phys, rate, layer):
+                tree.update_ib_state(self.sysfs_root, dev, 1, state=state, phys_state=phys, rate_gbps=rate,
+                                     link_layer=layer if last is None or last[3] != layer else None)
+                self._last_state[i] = (state, phys, rate, layer)
             tree.update_ib_counters(self.sysfs_root, dev, 1, self._counters(i, t))
 
     def close(self) -> None:

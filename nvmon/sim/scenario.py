@@ -6,10 +6,18 @@ Syntax: ``PROFILE[,KEY=VALUE]...`` — for example::
     hgx-h100,load=idle,seed=7
     hgx-h100,nvlink_down=2.5,pcie_width=3:8,ib_rate=mlx5_1:100,power_cap=4:350
     pairs-a100,gpu_lost=6@30          (GPU 6 falls off the bus 30 s into the run)
+    hgx-h100,pcie_width=3:8@5-20      (GPU 3 at x8 from 5 s to 20 s, then x16 again)
 
 GPUs are numbered from 0, `G.L` is GPU G link L, IB ports are named by device (`mlx5_3`) or by
 index (`3`). Any fault value may end in ``@SECONDS``: the fault starts that long after the board
-starts. Keys (repeatable unless noted):
+starts; or in ``@START-END`` (END > START): it holds from START until END, then the hardware is
+healthy again. Error counters stop rising at END (they keep their count), traffic resumes on a
+link or port back up, the power wave returns to uncapped. A lost GPU answers again after END.
+xid takes only ``@SECONDS`` (an event, not a state). The collector re-reads some values slowly:
+PCIe gen/width, temperature and power limit every 20 ticks, a lost GPU every 30, a port's link
+layer only at startup, and a query once answered Not Supported never again; so keep such a fault
+long enough to be seen, and know that ib_eth / notsup getters ending show in sysfs / NVML only.
+Keys (repeatable unless noted):
 
     seed=N                 deterministic traffic (default 1)          [once]
     load=idle|allreduce|busy   traffic pattern (default allreduce)    [once]
@@ -60,6 +68,11 @@ class Fault:
     value: float | None = None  # width, gen, rate, watts, Xid number
     what: str | None = None  # notsup target
     after_s: float = 0.0
+    until_s: float | None = None  # the fault ends (the hardware is healthy again); None: never
+
+    def active(self, t: float) -> bool:
+        """Whether the fault holds at `t` seconds after the board started: [after_s, until_s)."""
+        return self.after_s <= t and (self.until_s is None or t < self.until_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +144,25 @@ def parse_scenario(spec: str) -> Scenario:
     return Scenario(profile=profile, seed=seed, load=load, nvml=nvml, faults=tuple(faults))
 
 
+def _parse_when(kind: str, at: str, spec: str) -> tuple[float, float | None]:
+    """`SECONDS` or `START-END` after `@`: (start, end or None)."""
+    start, sep, end = at.partition("-")
+    after = _num(start, f"{kind} start time", spec)
+    if not sep:
+        return after, None
+    if kind == "xid":
+        raise SimSpecError(f"--sim {spec!r}: xid is one event at its start time: @SECONDS, not @START-END")
+    until = _num(end, f"{kind} end time", spec)
+    if until <= after:
+        raise SimSpecError(f"--sim {spec!r}: {kind} end time {end} must be after its start time {start}")
+    return after, until
+
+
 def _parse_fault(kind: str, value: str, spec: str) -> Fault:
-    after = 0.0
+    after, until = 0.0, None
     if "@" in value:
         value, at = value.rsplit("@", 1)
-        after = _num(at, f"{kind} start time", spec)
+        after, until = _parse_when(kind, at, spec)
     arg: str | None = None
     if ":" in value:
         value, arg = value.split(":", 1)
@@ -143,28 +170,28 @@ def _parse_fault(kind: str, value: str, spec: str) -> Fault:
         m = re.fullmatch(r"(\d+)\.(\d+)", value)
         if not m or arg is not None:
             raise SimSpecError(f"--sim {spec!r}: {kind} takes GPU.LINK, e.g. {kind}=2.5")
-        return Fault(kind, gpu=int(m.group(1)), link=int(m.group(2)), after_s=after)
+        return Fault(kind, gpu=int(m.group(1)), link=int(m.group(2)), after_s=after, until_s=until)
     if kind in ("ib_down", "ib_rate", "ib_eth", "ib_errors"):
         if not re.fullmatch(r"\d+|mlx5_\d+", value):
             raise SimSpecError(f"--sim {spec!r}: {kind} takes an IB port: mlx5_N or N")
         if arg is not None and kind != "ib_rate":
             raise SimSpecError(f"--sim {spec!r}: {kind} takes no ':' argument")
         rate = _num(arg, "IB rate", spec) if arg is not None else (100.0 if kind == "ib_rate" else None)
-        return Fault(kind, port=value, value=rate, after_s=after)
+        return Fault(kind, port=value, value=rate, after_s=after, until_s=until)
     if kind == "notsup":
         if value not in NOTSUP:
             raise SimSpecError(f"--sim {spec!r}: notsup takes one of {', '.join(NOTSUP)}")
         gpu = _int(arg, "GPU", spec) if arg is not None else None
-        return Fault(kind, gpu=gpu, what=value, after_s=after)
+        return Fault(kind, gpu=gpu, what=value, after_s=after, until_s=until)
     gpu = _int(value, f"{kind} GPU", spec)
     if kind == "xid":
         if arg is None:
             raise SimSpecError(f"--sim {spec!r}: xid takes GPU:XID, e.g. xid=3:79")
-        return Fault(kind, gpu=gpu, value=float(_int(arg, "Xid number", spec)), after_s=after)
+        return Fault(kind, gpu=gpu, value=float(_int(arg, "Xid number", spec)), after_s=after, until_s=until)
     if kind in ("thermal", "gpu_lost"):
         if arg is not None:
             raise SimSpecError(f"--sim {spec!r}: {kind} takes only a GPU number")
-        return Fault(kind, gpu=gpu, after_s=after)
+        return Fault(kind, gpu=gpu, after_s=after, until_s=until)
     val = _num(arg, f"{kind} value", spec) if arg is not None else None
     if kind == "pcie_width":
         val = 8.0 if val is None else val
@@ -174,4 +201,4 @@ def _parse_fault(kind: str, value: str, spec: str) -> Fault:
         val = 3.0 if val is None else val
         if not 1 <= val <= 6:
             raise SimSpecError(f"--sim {spec!r}: pcie_gen must be 1..6")
-    return Fault(kind, gpu=gpu, value=val, after_s=after)
+    return Fault(kind, gpu=gpu, value=val, after_s=after, until_s=until)

@@ -213,9 +213,12 @@ def update_ib_state(
     rate_gbps: float | None = None,
     width: str = "4X",
     rate_name: str | None = None,
+    link_layer: str | None = None,
 ) -> None:
-    """Rewrite state / phys_state / rate of a port; arguments left None are not touched."""
+    """Rewrite state / phys_state / rate / link_layer of a port; arguments left None are not touched."""
     pdir = _port_dir(root, dev, port)
+    if link_layer is not None:
+        _put(pdir + "/link_layer", link_layer + "\n")
     if state is not None:
         _put(pdir + "/state", f"{IB_STATE_IDS[state]}: {state}\n")
     if phys_state is not None:
