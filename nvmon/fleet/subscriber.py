@@ -5,6 +5,10 @@ The TUI header and its "broker lost" banner read `status` (connected, messages/s
 error); `nvmon fleet` reads the same. Run `await FleetSubscriber(...).run()` as a task and cancel
 it to stop.
 
+With `controls=callback`, the same connection also subscribes to the cluster's (or every
+cluster's) shared acks and silences, `nvmon/v1/<cluster>/@controls` (nvmon.wire.control), and
+hands each such message to `callback(topic, payload)` instead of the state: the TUI shows them.
+
 The broker connection goes through `nvmon.wire.mqtt.make_client` (the one aiomqtt adapter); this
 module only uses the client's `subscribe` and `messages`, and catches its errors as plain
 exceptions, so that it does not depend on aiomqtt's exception classes.
@@ -24,7 +28,7 @@ from typing import NoReturn
 
 from nvmon.aio import raise_if_cancelled
 from nvmon.fleet.state import FleetState
-from nvmon.wire.contract import subscription
+from nvmon.wire.contract import CONTROL_LEVEL, control_subscription, subscription
 from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
 
 log = logging.getLogger("nvmon.fleet")
@@ -93,13 +97,17 @@ class _Load:
 
 
 class FleetSubscriber:
-    """Subscribes `state` to `cluster` (None: every cluster) on the broker of `settings`."""
+    """Subscribes `state` to `cluster` (None: every cluster) on the broker of `settings`;
+    `controls(topic, payload)`, if given, gets the cluster's control messages (it must not raise;
+    `nvmon.alerts.shared.SharedControls.apply` does not)."""
 
     def __init__(self, settings: MqttSettings, state: FleetState, *, cluster: str | None = None,
                  backoff: Backoff = Backoff(), clock: Callable[[], float] = time.time, sweep_every_s: float = 1.0,
-                 max_delay_s: float = 0.25):
+                 max_delay_s: float = 0.25, controls: Callable[[str, bytes], object] | None = None):
         self.settings, self.state, self.backoff, self.clock = settings, state, backoff, clock
         self.filter = subscription(cluster)  # ValueError on a bad cluster name
+        self.controls = controls
+        self.controls_filter = control_subscription(cluster) if controls is not None else None
         # Unique per process: two views on one desk must not take each other's session over.
         self.client_id = f"nvmon-fleet-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self.sweep_every_s, self.max_delay_s = sweep_every_s, max_delay_s
@@ -153,6 +161,8 @@ class FleetSubscriber:
         async with client:
             # QoS 1: retained status/inventory/alerts arrive at least once; samples stay QoS 0.
             await client.subscribe(self.filter, qos=1)
+            if self.controls_filter is not None:
+                await client.subscribe(self.controls_filter, qos=1)
             raise_if_cancelled()  # aiomqtt on 3.11 can swallow a cancel in subscribe
             self._connected, self._since = True, self.clock()
             self._connects += 1
@@ -177,6 +187,7 @@ class FleetSubscriber:
         follows a tick still wins.
         """
         apply, note_seen, rate, clock = self.state.apply, self.state.note_seen, self._rate, self.clock
+        controls, control_suffix = self.controls, "/" + CONTROL_LEVEL
         queue, load = client.messages, _Load()
         pending: OrderedDict[str, tuple[object, float]] = OrderedDict()  # sample topic → (payload, receive time)
         oldest = next_slice = 0.0
@@ -185,7 +196,12 @@ class FleetSubscriber:
             self._messages += 1
             rate.add(now)
             topic = str(message.topic)
-            if topic.endswith("/sample"):
+            if controls is not None and topic.endswith(control_suffix):  # 4 levels: never a node's topic
+                try:
+                    controls(topic, bytes(message.payload))
+                except Exception:  # the owner's callback: never let it end the connection
+                    log.exception("fleet: controls callback failed on %s", topic[:120])
+            elif topic.endswith("/sample"):
                 if topic in pending:
                     self._coalesced += 1
                 elif not pending:

@@ -2,8 +2,15 @@
 
 Nodes publish their full active set (`alerts`, retained). An alert that leaves a node's set was
 resolved; `AlertLog` notices that by comparing each changed node's set with the one it saw before,
-and keeps the most recent `keep` resolutions. It also holds the view's local ack / silence marks
-(not yet shared with an alert engine).
+and keeps the most recent `keep` resolutions.
+
+Acks and silences: `shared_marks` judges each active alert against the clusters' shared sets
+(`nvmon/v1/<cluster>/@controls`, kept by a `SharedControls`) with the engine's own rules: an ack
+names the alert's episode (fingerprint + start), a silence matches through `Silence.matches`
+with `cluster=<its cluster>` added to its matchers, as every evaluator does. The log also holds
+the view's local marks (`acked` / `silenced`: key presses not shared, or not yet seen back from
+the broker); a local mark is dropped once the shared set confirms it, so from then on the shared
+set alone decides (an unsilence elsewhere shows).
 """
 
 from __future__ import annotations
@@ -11,9 +18,30 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from nvmon.alerts.engine import Silence
+from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.shared import SharedControls, ack_key, engine_controls
 from nvmon.fleet.state import FleetState, NodeKey
 from nvmon.tui.text import SEVERITY_RANK
 from nvmon.wire.contract import Alert
+from nvmon.wire.control import ControlSet, SharedAck
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What the shared set says about one active alert."""
+
+    ack: SharedAck | None = None
+    silence: Silence | None = None  # the engine's form: id "<cluster>/<id>", matchers with cluster=
+
+
+def alert_record(key: NodeKey, rack: str | None, a: Alert) -> AlertRecord:
+    """A node's published alert as the engine's record, for `Silence.matches` (the fields and
+    labels a silence can name; the rack comes from the node's inventory)."""
+    return AlertRecord(fingerprint=a.fingerprint, status=a.state, code=a.code, severity=a.severity, cluster=key[0],
+                       node=key[1], summary=a.summary, runbook="", starts_at=a.starts_at if a.starts_at is not None
+                       else a.since, rack=rack, gpu=a.gpu, link=a.link, device=a.device, port=a.port,
+                       labels=dict(a.labels))
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +60,53 @@ class AlertLog:
         self._version = -1
         self._seen: dict[NodeKey, tuple] = {}  # node → its alerts tuple as last seen (identity check)
         self.resolved: deque[Row] = deque(maxlen=keep)
-        self.acked: set[str] = set()
+        self.acked: set[str] = set()  # local marks (Row.ident)
         self.silenced: set[str] = set()
+        self._index: dict[str, tuple[ControlSet, dict, list[Silence], float]] = {}  # per cluster, by set and now
+
+    def shared_marks(self, rows: list[Row], controls: SharedControls | None, state: FleetState,
+                     now: float) -> dict[str, Shared]:
+        """Row.ident → what the shared sets say, for the active rows they ack or silence. Local
+        marks the shared set confirms are dropped here."""
+        if controls is None or not controls.sets:
+            return {}
+        out: dict[str, Shared] = {}
+        for r in rows:
+            if r.resolved_at is not None or (cs := controls.sets.get(r.key[0])) is None:
+                continue
+            acks, silences = self._cluster_index(cs, now)
+            a = r.alert
+            ack = acks.get(ack_key(a.fingerprint, a.starts_at)) if a.starts_at is not None else None
+            silence = None
+            if silences:
+                view = state.nodes.get(r.key)
+                rec = alert_record(r.key, view.rack if view is not None else None, a)
+                silence = next((s for s in silences if s.matches(rec, now)), None)
+            if ack is None and silence is None:
+                continue
+            out[r.ident] = Shared(ack, silence)
+            if ack is not None:
+                self.acked.discard(r.ident)
+            if silence is not None:
+                self.silenced.discard(r.ident)
+        return out
+
+    def _cluster_index(self, cs: ControlSet, now: float) -> tuple[dict, list[Silence]]:
+        hit = self._index.get(cs.cluster)
+        if hit is not None and hit[0] is cs and hit[3] == now:
+            return hit[1], hit[2]
+        acks = {ack_key(a.fingerprint, a.starts_at): a for a in cs.acks}
+        silences = [s for s in engine_controls(cs, now)[1] if s.starts_at <= now]
+        self._index[cs.cluster] = (cs, acks, silences, now)
+        return acks, silences
+
+    @staticmethod
+    def silence_count(controls: SharedControls | None, now: float, cluster: str | None = None) -> int:
+        """Shared silences in force now (of `cluster`, or of every cluster seen)."""
+        if controls is None:
+            return 0
+        return sum(1 for c, cs in controls.sets.items() if cluster is None or c == cluster
+                   for s in cs.silences if s.starts_at <= now < s.ends_at)
 
     def sync(self, state: FleetState, now: float) -> None:
         keys = state.nodes.keys() if self._version < 0 else state.changed_since(self._version)

@@ -2,6 +2,9 @@
 
 With broker settings, the app runs a `FleetSubscriber` as a named worker in its own event loop,
 feeding the state; without them it shows the state it was given (tests, snapshots, benchmarks).
+The same connection reads the clusters' shared acks and silences (`nvmon/v1/<cluster>/@controls`)
+into `controls` (a `SharedControls`: the last good set per cluster; refused messages count in the
+header's drops), which the alerts screen shows. The `FleetState` never sees them.
 Either way one timer (`refresh_s`, 1 s) redraws: it sets `header_info` (a reactive the headers
 watch) and asks the active screen to `refresh_data(now)`, which draws only what changed since
 that screen's last look (`FleetState.changed_since`). Nothing is pushed from the subscriber to
@@ -23,6 +26,7 @@ from textual.binding import Binding
 from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
+from nvmon.alerts.shared import SharedControls
 from nvmon.fleet.cli import _quiet_aiomqtt_noise as quiet_aiomqtt_noise
 from nvmon.fleet.state import FleetState, NodeKey
 from nvmon.fleet.subscriber import FleetSubscriber
@@ -56,7 +60,9 @@ class NvmonApp(App):
         super().__init__()
         self.settings, self.cluster, self.clock, self.refresh_s = settings, cluster, clock, refresh_s
         self.state = state if state is not None else FleetState()
-        self.subscriber = FleetSubscriber(settings, self.state, cluster=cluster, clock=clock) if settings else None
+        self.controls = SharedControls() if settings else None  # shared acks and silences, per cluster
+        self.subscriber = (FleetSubscriber(settings, self.state, cluster=cluster, clock=clock,
+                                           controls=self.controls.apply) if settings else None)
         self.source = source or (settings.url if settings is not None else "local state")
         self.rack_budget_w = rack_budget_kw * 1000 if rack_budget_kw else None
         self.alert_log = AlertLog()
@@ -98,8 +104,9 @@ class NvmonApp(App):
         counts = st.counts(now)
         newest = max((v.tick_rx for v in st.nodes.values() if v.tick_rx is not None), default=None)
         stats = st.stats
+        refused = self.controls.malformed if self.controls is not None else 0  # control messages
         info = HeaderInfo(source=self.source, cluster=self.cluster, nodes=len(st.nodes), online=counts["online"],
-                          stale=counts["stale"], offline=counts["offline"], dropped=stats.dropped,
+                          stale=counts["stale"], offline=counts["offline"], dropped=stats.dropped + refused,
                           last_drop=stats.last_drop, fresh_s=None if newest is None else max(0.0, now - newest))
         sub = self.subscriber
         if sub is None:

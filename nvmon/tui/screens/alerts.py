@@ -1,7 +1,12 @@
 """The alerts screen: active alerts across the fleet, most severe first, then those this view saw
 resolve. `k` acks the selected alert's episode and `x` silences its node + code for SILENCE_S,
 both published in the cluster's shared set on the app's broker (nvmon.alerts.shared), which every
-daemon and `nvmon fleet` of the cluster honours. Without a broker they are marks in this view only."""
+daemon and `nvmon fleet` of the cluster honours. Without a broker they are marks in this view only.
+
+With a broker the screen shows the shared set as it is (the app reads the clusters' control
+topics): the "Ack / silence" column says who acked an alert's episode and when, and which shared
+silence mutes it until when, whoever made them (`nvmon alerts ack/silence --broker`, another
+TUI); the title counts the silences in force; the line under the table gives the details."""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from textual.coordinate import Coordinate
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from nvmon.tui.alertlog import AlertLog, Row
+from nvmon.alerts.model import iso
+from nvmon.tui.alertlog import AlertLog, Row, Shared
 from nvmon.tui.text import DIM, OK, SEVERITY_STYLE, SYMBOL, age, clean, literal
 from nvmon.tui.widgets.header import StatusHeader
 
@@ -40,6 +46,7 @@ HINTS = {
     "rack.power": "rack draw near its budget: spread jobs or lower power limits",
 }
 NOT_CONNECTED = "no broker: marked in this view only"
+TITLE = "alerts"
 SILENCE_S = 2 * 3600.0  # `x`: silence the selected alert's node + code this long
 
 
@@ -61,6 +68,23 @@ def where(alert) -> str:
     return " ".join(parts)
 
 
+def _when(ts: float) -> str:
+    return (iso(ts) or "?")[:16].replace("T", " ") + "Z"
+
+
+def shared_details(shared: Shared, now: float) -> str:
+    """The hint line: `acked by bob at 2026-11-30 17:25Z (5m ago) · silenced by alice until
+    2026-11-30 19:25Z (1h left; silence c1/ab12cd34: reseating)`."""
+    parts = []
+    if (a := shared.ack) is not None:
+        parts.append(f"acked by {a.by or '?'} at {_when(a.acked_at)} ({age(now - a.acked_at)} ago)")
+    if (s := shared.silence) is not None:
+        note = f"; {s.comment}" if s.comment else ""
+        parts.append(f"silenced by {s.created_by or '?'} until {_when(s.ends_at)} ({age(s.ends_at - now)} left; "
+                     f"silence {s.id}{note})")
+    return " · ".join(parts)
+
+
 class AlertsScreen(Screen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
@@ -75,9 +99,10 @@ class AlertsScreen(Screen):
         super().__init__(name="alerts")
         self._rows: list[Row] = []
         self._shown: list[tuple] = []
+        self._marks: dict[str, Shared] = {}
 
     def compose(self) -> ComposeResult:
-        yield StatusHeader("alerts")
+        yield StatusHeader(TITLE)
         yield DataTable(id="alerts-table", cursor_type="row", cursor_foreground_priority="renderable")
         yield Static(id="alerts-hint")
         yield Footer()
@@ -85,19 +110,23 @@ class AlertsScreen(Screen):
     def on_mount(self) -> None:
         t = self.query_one(DataTable)
         for key, label, width in (("sev", "Sev", 6), ("node", "Node", 14), ("code", "Code", 17),
-                                  ("where", "Where", 12), ("state", "State", 14), ("summary", "Summary", 100)):
+                                  ("where", "Where", 12), ("state", "State", 14), ("shared", "Ack / silence", 30),
+                                  ("summary", "Summary", 100)):
             t.add_column(label, width=width, key=key)
         self.refresh_data(self.app.now())
         t.focus()
 
     def refresh_data(self, now: float) -> None:
         log: AlertLog = self.app.alert_log
+        controls = getattr(self.app, "controls", None)
+        self._show_title(controls, now)
         rows = AlertLog.active(self.app.state) + list(log.resolved)
+        self._marks = log.shared_marks(rows, controls, self.app.state, now)
         shown = [self._cells(r, now, log) for r in rows]
         if shown == self._shown:
             return
-        t = self.query_one(DataTable)
-        if not t.columns:  # the app's redraw timer can come before on_mount has added them
+        t = next(iter(self.query(DataTable)), None)
+        if t is None or not t.columns:  # the app's redraw timer can come before compose / on_mount
             return
         keep = self._selected_ident()
         same_rows = [r.ident for r in rows] == [r.ident for r in self._rows] and t.row_count == len(rows)
@@ -124,11 +153,45 @@ class AlertsScreen(Screen):
             state = (f"{SYMBOL[OK]} resolved {age(now - r.resolved_at)}", OK)
             sev = (f"{SYMBOL[OK]} {clean(a.severity[:4])}", DIM)
         else:
-            mark = " ack" if r.ident in log.acked else " muted" if r.ident in log.silenced else ""
+            shared = self._marks.get(r.ident)
+            acked = r.ident in log.acked or (shared is not None and shared.ack is not None)
+            muted = r.ident in log.silenced or (shared is not None and shared.silence is not None)
+            mark = " ack" if acked else " muted" if muted else ""
             state = (f"{clean(a.state, 8)} {age(now - a.since)}{mark}", DIM if mark else "")
             sev = (f"{SYMBOL.get(sev_style, '?')} {clean(a.severity[:4])}", sev_style)
         return (sev, (r.key[1], "bold"), (clean(a.code, 64), ""), (where(a), ""), state,
+                (self._shared_cell(r, now, log), DIM),
                 (clean(a.summary, 512), DIM if r.resolved_at is not None else ""))
+
+    def _shared_cell(self, r: Row, now: float, log: AlertLog) -> str:
+        """`ack bob 5m · muted ab12cd34 1h`: who acked the episode how long ago, which shared
+        silence mutes it for how much longer; `(local)` / `(sent)` for this view's own marks not
+        (yet) in the shared set."""
+        if r.resolved_at is not None:
+            return ""
+        shared = self._marks.get(r.ident) or Shared()
+        pending = "(local)" if self.app.settings is None else "(sent)"
+        parts = []
+        if shared.ack is not None:
+            parts.append(f"ack {clean(shared.ack.by or '?', 12)} {age(now - shared.ack.acked_at)}")
+        elif r.ident in log.acked:
+            parts.append(f"ack {pending}")
+        if shared.silence is not None:
+            parts.append(f"muted {str(shared.silence.id).split('/', 1)[-1]} {age(shared.silence.ends_at - now)}")
+        elif r.ident in log.silenced:
+            parts.append(f"muted {pending}")
+        return " · ".join(parts)
+
+    def _show_title(self, controls, now: float) -> None:
+        """`alerts · 2 silences` with a broker: the shared silences in force (of --cluster, or all)."""
+        title = TITLE
+        if controls is not None:
+            n = AlertLog.silence_count(controls, now, self.app.cluster)
+            title = f"{TITLE} · {n} silence{'' if n == 1 else 's'}"
+        header = next(iter(self.query(StatusHeader)), None)  # None: the redraw timer came before compose
+        if header is not None and header.title != title:
+            header.title = title
+            header.show_info(self.app.header_info)
 
     def _selected_ident(self) -> str | None:
         t = self.query_one(DataTable)
@@ -158,6 +221,10 @@ class AlertsScreen(Screen):
             text.append_text(literal(r.alert.summary, limit=512))
             text.append("\n runbook: ", "bold")
             text.append_text(literal(h or "(none: see docs/audit.md)", style="" if h else DIM, limit=300))
+            shared = self._marks.get(r.ident) if r.resolved_at is None else None
+            if shared is not None:
+                text.append("\n shared: ", "bold")
+                text.append_text(literal(shared_details(shared, self.app.now()), limit=400))
         self.query_one("#alerts-hint", Static).update(text)
 
     def action_open_node(self) -> None:

@@ -19,8 +19,8 @@ KEYS = (
                ("s / click a header", "sort by the next column / that column"), ("r", "reverse the sort"),
                ("g", "group by rack, with rack power against the budget"), ("p", "problems only"))),
     ("node", (("Esc", "back to the fleet"), ("↑ ↓ PgUp PgDn", "scroll"))),
-    ("alerts", (("Enter", "open the alert's node"), ("k", "acknowledge (local mark)"),
-                ("x", "silence (local mark)"))),
+    ("alerts", (("Enter", "open the alert's node"), ("k", "acknowledge the episode (shared on the broker)"),
+                ("x", "silence node + code for 2 h (shared on the broker)"))),
 )
 FILTER_HELP = ("Filter words must all match: text in node, cluster, rack, model or labels (key=value), "
                "or one of: online, stale, offline, problem.")

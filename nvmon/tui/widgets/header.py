@@ -85,7 +85,7 @@ def banner_text(info: HeaderInfo) -> Text | None:
 class StatusHeader(Vertical):
     DEFAULT_CSS = """
     StatusHeader { height: auto; dock: top; }
-    StatusHeader > #info { height: 2; background: $panel; }
+    StatusHeader > #info { height: 2; background: $panel; text-wrap: nowrap; text-overflow: ellipsis; }
     StatusHeader > #banner { height: 1; background: $error; color: $text; display: none; }
     StatusHeader > #banner.-connecting { background: $warning; }
     StatusHeader.-lost > #banner { display: block; }
