@@ -1,4 +1,4 @@
-"""SVG snapshots of the fleet, node and alerts screens at 80×24 and 160×48, on the deterministic
+"""SVG snapshots of the fleet, node, alerts and help screens at 80×24 and 160×48, on the deterministic
 simulated fleet (fixed clock: no wall time anywhere on screen). Regenerate after an intended
 change with `pytest tests/test_tui_snapshots.py --snapshot-update` and review the SVG diff."""
 
@@ -34,3 +34,8 @@ def test_node_screen(snap_compare, size):
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_alerts_screen(snap_compare, size):
     assert snap_compare(make_app(shared_showcase()), terminal_size=size, press=["a"])
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help_screen(snap_compare, size):
+    assert snap_compare(make_app(shared_showcase()), terminal_size=size, press=["question_mark"])
