@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
+from nvmon.wire.config import MqttSection  # shared with nvmon fleet
 
 DEFAULT_CONFIG = Path("/etc/nvmon/nvmon.toml")
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -64,25 +65,6 @@ class StoreSection(_Section):
     path: Path = Path("/var/lib/nvmon/nvmon.db")
     raw_retention_h: float = Field(48, gt=0, le=24 * 90)
     rollup_retention_d: float = Field(90, gt=0, le=3650)
-
-
-class MqttSection(_Section):
-    broker: str | None = "mqtt://localhost:1883"  # empty string or None: do not publish
-    username: str | None = None
-    password_file: Path | None = None
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    keepalive_s: int = Field(10, ge=2, le=600)
-
-    @field_validator("broker")
-    @classmethod
-    def _broker(cls, v: str | None) -> str | None:
-        if v in (None, ""):
-            return None
-        if not re.match(r"^mqtts?://[^/\s:]+(:\d{1,5})?/?$", v):
-            raise ValueError("must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
-        return v
 
 
 class ExpectSection(_Section):

@@ -35,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nvmon.aio import raise_if_cancelled
 from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
-from nvmon.daemon.config import MqttSection
 from nvmon.fleet.rules import FleetSettings
+from nvmon.wire.config import MqttSection
 from nvmon.wire.contract import valid_name
 
 log = logging.getLogger("nvmon.fleet")
