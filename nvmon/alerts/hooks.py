@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from nvmon.tomlfile import TomlFileError, read_toml
 
 HOOK_TYPES = ("exec", "webhook", "alertmanager", "pagerduty", "slack")
 HOOK_STATUSES = ("firing", "resolved")
@@ -248,18 +249,9 @@ def load_hooks(path: Path) -> tuple[tuple[HookConfig, ...], dict[str, Any]]:
     """The hooks of any nvmon TOML config (daemon or fleet) and its `[node]` table (loosely read,
     for the test alert's labels). Raises HookConfigError (one line)."""
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise HookConfigError(f"{path}: no such file") from None
-    except PermissionError:
-        raise HookConfigError(f"{path}: permission denied") from None
-    except IsADirectoryError:
-        raise HookConfigError(f"{path}: is a directory") from None
-    except tomllib.TOMLDecodeError as e:
-        raise HookConfigError(f"{path}: not valid TOML: {e}") from None
-    except UnicodeDecodeError:
-        raise HookConfigError(f"{path}: not valid UTF-8") from None
+        data = read_toml(path)
+    except TomlFileError as e:
+        raise HookConfigError(str(e)) from None
     raw = data.get("hooks", [])
     if not isinstance(raw, list):
         raise HookConfigError(f"{path}: hooks: must be a list of tables ([[hooks]])")

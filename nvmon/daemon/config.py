@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import socket
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
+from nvmon.tomlfile import TomlFileError, read_toml
 from nvmon.wire.config import MqttSection  # shared with nvmon fleet
 
 DEFAULT_CONFIG = Path("/etc/nvmon/nvmon.toml")
@@ -148,18 +148,9 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> D
     if path is not None:
         source = str(path)
         try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except PermissionError:
-            raise ConfigError(f"{path}: permission denied") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{path}: is a directory") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not valid UTF-8") from None
+            data = read_toml(path)
+        except TomlFileError as e:
+            raise ConfigError(str(e)) from None
     for flag, value in (overrides or {}).items():
         if value is None:
             continue

@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from nvmon.aio import raise_if_cancelled
 from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
 from nvmon.fleet.rules import FleetSettings
+from nvmon.tomlfile import TomlFileError, read_toml
 from nvmon.wire.config import MqttSection
 from nvmon.wire.contract import valid_name
 
@@ -96,20 +96,9 @@ def load_fleet_config(path: Path | None) -> FleetConfig:
     if path is None:
         return FleetConfig()
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise FleetError(f"{path}: no such file") from None
-    except PermissionError:
-        raise FleetError(f"{path}: permission denied") from None
-    except IsADirectoryError:
-        raise FleetError(f"{path}: is a directory") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FleetError(f"{path}: not valid TOML: {e}") from None
-    except UnicodeDecodeError:
-        raise FleetError(f"{path}: not valid UTF-8") from None
-    except OSError as e:
-        raise FleetError(f"{path}: {e.strerror or e}") from None
+        data = read_toml(path)
+    except TomlFileError as e:
+        raise FleetError(str(e)) from None
     try:
         return FleetConfig.model_validate(data)
     except ValidationError as e:
