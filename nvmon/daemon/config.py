@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
 from nvmon.tomlfile import TomlFileError, read_toml
+from nvmon.tomlfile import validation_line as _one_line
 from nvmon.wire.config import MqttSection  # shared with nvmon fleet
 
 DEFAULT_CONFIG = Path("/etc/nvmon/nvmon.toml")
@@ -128,14 +129,6 @@ FLAG_KEYS = {
 }
 
 
-def _one_line(source: str, e: ValidationError) -> str:
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"{source}: {loc}: {msg}{more}"
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> DaemonConfig:

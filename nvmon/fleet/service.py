@@ -36,6 +36,7 @@ from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
 from nvmon.fleet.rules import FleetSettings
 from nvmon.tomlfile import TomlFileError, read_toml
+from nvmon.tomlfile import validation_line as _one_line
 from nvmon.wire.config import MqttSection
 from nvmon.wire.contract import valid_name
 
@@ -79,14 +80,6 @@ class FleetConfig(_Strict):
     _check_hooks = field_validator("hooks")(check_hooks)
 
 
-def _one_line(source: str, e: ValidationError) -> str:
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"{source}: {loc}: {msg}{more}"
 
 
 def load_fleet_config(path: Path | None) -> FleetConfig:
