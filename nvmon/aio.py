@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Coroutine
 
 
 def raise_if_cancelled() -> None:
@@ -17,3 +19,16 @@ def raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+@contextlib.asynccontextmanager
+async def running(coro: Coroutine, *, name: str):
+    """`async with running(x.run(), name=...):` runs `coro` as a task for the block, then cancels
+    it and waits for it."""
+    task = asyncio.create_task(coro, name=name)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn
 
-from nvmon.aio import raise_if_cancelled
+from nvmon.aio import raise_if_cancelled, running
 from nvmon.alerts.engine import Silence
 from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription
 from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
@@ -224,13 +224,8 @@ class ControlSubscriber:
 async def listening(settings: MqttSettings, shared: SharedControls, *, cluster: str | None = None):
     """`async with listening(settings, shared):` runs a ControlSubscriber for the block."""
     sub = ControlSubscriber(settings, shared, cluster=cluster)
-    task = asyncio.create_task(sub.run(), name="nvmon.alerts.shared")
-    try:
+    async with running(sub.run(), name="nvmon.alerts.shared"):
         yield sub
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def shared_ack(fingerprint: str, starts_at: float, now: float, by: str | None) -> Callable[[ControlSet], ControlSet]:

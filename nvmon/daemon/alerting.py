@@ -20,6 +20,7 @@ from collections.abc import Callable
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition, wire_alert
 from nvmon.alerts.model import AlertRecord
 from nvmon.alerts.rules import NodeRules
+from nvmon.alerts.persist import Outage, UnsavedAlerts, woken
 from nvmon.alerts.shared import SharedControls, merge
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec
@@ -29,7 +30,6 @@ from nvmon.wire.contract import control_topic
 log = logging.getLogger("nvmon.alerts")
 
 CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts` are honoured within this
-MAX_UNSAVED = 10_000  # episodes kept in memory while the database is unwritable
 
 
 def _where(r: AlertRecord) -> str:
@@ -57,7 +57,7 @@ class DaemonAlerts:
         self.errors = 0  # ticks whose evaluation failed
         self.eval_seconds = 0.0  # the latest evaluation's cost
         self.eval_seconds_max = 0.0
-        self._unsaved: dict[tuple[str, float], AlertRecord] = {}
+        self._unsaved = UnsavedAlerts()  # episodes not yet in the database
         self._restored = False
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -102,7 +102,7 @@ class DaemonAlerts:
             log.log(level, "alert %s: %s %s on %s (%s): %s", r.status, r.severity, r.code, _where(r),
                     r.fingerprint, r.summary)
         if dirty:
-            self._keep(dirty)
+            self._unsaved.keep(dirty)
             self._wake.set()
         if transitions:
             self._changed.set()
@@ -115,12 +115,6 @@ class DaemonAlerts:
                 if self._notify_errors in (1, 100):
                     log.exception("alert notifier failed (%d times so far)", self._notify_errors)
         return transitions
-
-    def _keep(self, records: list[AlertRecord]) -> None:
-        for r in records:
-            self._unsaved[(r.fingerprint, r.starts_at)] = r
-        while len(self._unsaved) > MAX_UNSAVED:
-            self._unsaved.pop(next(iter(self._unsaved)))
 
     def wire_set(self):
         return [wire_alert(r) for r in self.engine.active()]
@@ -144,7 +138,7 @@ class DaemonAlerts:
                  if r.fingerprint in tracked and tracked[r.fingerprint] != r.starts_at]
         n = self.engine.restore(records, now)
         if stale:  # episodes superseded while the database was unreadable
-            self._keep(stale)
+            self._unsaved.keep(stale)
         if n:
             log.info("alerts: %d active alerts restored from the database (no new pages for them)", n)
             self._changed.set()
@@ -152,32 +146,22 @@ class DaemonAlerts:
     # -- tasks ----------------------------------------------------------------------------------
 
     async def persist_loop(self) -> None:
-        failing, last_report, retry_at = False, 0.0, 0.0
+        outage, retry_at = Outage(log, "alerts", "alerts: database back; alert state saved"), 0.0
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), CONTROLS_EVERY_S)
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            await woken(self._wake, CONTROLS_EVERY_S)
             self.apply_controls()  # shared ones apply even while the database is failing
             if time.monotonic() < retry_at:
                 continue
             try:
                 if not self._restored:
                     await self._restore()
-                await self._save()
+                await self._unsaved.save(self.store, self.clock())
                 self._local = await asyncio.to_thread(self.store.alert_controls, self.clock())
                 self.apply_controls()
             except StoreError as e:
-                now = time.monotonic()
-                if not failing or now - last_report > 60:
-                    log.error("alerts: database: %s; keeping alert changes in memory and retrying", e)
-                    last_report = now
-                failing, retry_at = True, now + 5.0
+                retry_at = outage.failed(e) + 5.0
                 continue
-            if failing:
-                log.warning("alerts: database back; alert state saved")
-                failing = False
+            outage.ok()
 
     def apply_controls(self) -> None:
         """Hand the engine the node's and the cluster's acks and silences, and tell the notifier
@@ -188,15 +172,6 @@ class DaemonAlerts:
         if quiet is not None:
             quiet(r.fingerprint for r in self.engine.active()
                   if r.acked_at is not None or self.engine.silenced(r, now))
-
-    async def _save(self) -> None:
-        batch = dict(self._unsaved)
-        if not batch:
-            return
-        await asyncio.to_thread(self.store.save_alerts, list(batch.values()), self.clock())
-        for key, rec in batch.items():
-            if self._unsaved.get(key) is rec:  # a newer state may have arrived meanwhile
-                del self._unsaved[key]
 
     async def publish_loop(self) -> None:
         """Publish the active set whenever it changes (the publisher re-sends it on reconnect)."""
@@ -212,7 +187,5 @@ class DaemonAlerts:
 
     def flush(self) -> None:
         """Write what is unsaved, counts included (at shutdown, in a thread). Raises StoreError."""
-        self._keep(self.engine.take_dirty(self.clock(), force=True))
-        if self._unsaved:
-            self.store.save_alerts(list(self._unsaved.values()), self.clock())
-            self._unsaved.clear()
+        self._unsaved.keep(self.engine.take_dirty(self.clock(), force=True))
+        self._unsaved.flush(self.store, self.clock())

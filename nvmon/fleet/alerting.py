@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Silence, Transition
 from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.persist import Outage, UnsavedAlerts, woken
 from nvmon.alerts.shared import SharedControls, merge
 from nvmon.fleet.rules import FleetRules, Identity, Place, place_of
 from nvmon.fleet.state import FleetState
@@ -38,7 +39,6 @@ log = logging.getLogger("nvmon.fleet")
 
 CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts --db FLEET_DB` honoured within this
 MAINTAIN_EVERY_S = 600.0  # prune resolved episodes past the retention
-MAX_UNSAVED = 10_000
 
 
 class _PlaceRules:
@@ -76,7 +76,7 @@ class FleetAlerts:
         self.eval_seconds = 0.0
         self._acks: dict[tuple[str, int], float] = {}
         self._silences: tuple[Silence, ...] = ()
-        self._unsaved: dict[tuple[str, float], AlertRecord] = {}
+        self._unsaved = UnsavedAlerts()  # episodes not yet in the database
         self._wake = asyncio.Event()
         # The database's acks/silences and the clusters' shared ones (MQTT; run_fleet listens).
         self._local: tuple[dict, list] = ({}, [])
@@ -142,7 +142,7 @@ class FleetAlerts:
             r = tr.record
             paged = r.status == "firing" or (r.status == "resolved" and r.fired_at is not None)
             log.log(logging.INFO if paged else logging.DEBUG, "fleet alert %s: %s", r.status, describe(r))
-        self._keep(eng.take_dirty(now))
+        self._unsaved.keep(eng.take_dirty(now))
         self._wake.set()
         notify = eng.to_notify(trs, now)
         if notify:
@@ -150,12 +150,6 @@ class FleetAlerts:
                 self.notifier.submit(notify)
             except Exception:  # the Notifier contract says it never raises; hold it to that here
                 log.exception("fleet: notifier failed")
-
-    def _keep(self, records: list[AlertRecord]) -> None:
-        for r in records:
-            self._unsaved[(r.fingerprint, r.starts_at)] = r
-        while len(self._unsaved) > MAX_UNSAVED:
-            self._unsaved.pop(next(iter(self._unsaved)))
 
     def set_controls(self, acks, silences) -> None:
         self._acks, self._silences = dict(acks), tuple(silences)
@@ -179,50 +173,30 @@ class FleetAlerts:
         that fails keeps changes in memory and is retried; evaluation never waits for it."""
         if self.store is None:
             return
-        failing, last_report, maintained = False, 0.0, time.monotonic()
+        outage, maintained = Outage(log, "fleet", "fleet: database writable again"), time.monotonic()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), CONTROLS_EVERY_S)
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            await woken(self._wake, CONTROLS_EVERY_S)
             self.apply_controls()  # shared ones apply even while the database is failing
             try:
                 now = self.clock()
                 for eng in self.engines.values():  # counts of long-running alerts, every COUNT_FLUSH_S
-                    self._keep(eng.take_dirty(now))
-                await self._save()
+                    self._unsaved.keep(eng.take_dirty(now))
+                await self._unsaved.save(self.store, self.clock())
                 self._local = await asyncio.to_thread(self.store.alert_controls, now)
                 self.apply_controls()
                 if time.monotonic() - maintained > MAINTAIN_EVERY_S:
                     maintained = time.monotonic()
                     await asyncio.to_thread(self.store.maintain, now)
             except StoreError as e:
-                mono = time.monotonic()
-                if not failing or mono - last_report > 60:
-                    log.error("fleet: database: %s; keeping alert changes in memory and retrying", e)
-                    last_report = mono
-                failing = True
+                outage.failed(e)
                 await asyncio.sleep(5.0)
                 continue
-            if failing:
-                log.warning("fleet: database writable again")
-                failing = False
-
-    async def _save(self) -> None:
-        batch = dict(self._unsaved)
-        if not batch:
-            return
-        await asyncio.to_thread(self.store.save_alerts, list(batch.values()), self.clock())
-        for key, rec in batch.items():
-            if self._unsaved.get(key) is rec:  # a newer state may have arrived meanwhile
-                del self._unsaved[key]
+            outage.ok()
 
     def flush(self) -> None:
         """Write what is unsaved, counts included (at shutdown, in a thread). Raises StoreError."""
         now = self.clock()
         for eng in list(self.engines.values()):
-            self._keep(eng.take_dirty(now, force=True))
-        if self.store is not None and self._unsaved:
-            self.store.save_alerts(list(self._unsaved.values()), now)
-            self._unsaved.clear()
+            self._unsaved.keep(eng.take_dirty(now, force=True))
+        if self.store is not None:
+            self._unsaved.flush(self.store, now)

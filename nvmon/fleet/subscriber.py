@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from nvmon.aio import raise_if_cancelled
+from nvmon.aio import raise_if_cancelled, running
 from nvmon.fleet.state import FleetState
 from nvmon.wire.contract import CONTROL_LEVEL, control_subscription, subscription
 from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
@@ -264,10 +264,5 @@ class FleetSubscriber:
 async def subscribed(settings: MqttSettings, state: FleetState, **kw):
     """`async with subscribed(settings, state) as sub:` runs a FleetSubscriber for the block."""
     sub = FleetSubscriber(settings, state, **kw)
-    task = asyncio.create_task(sub.run(), name="nvmon.fleet.subscriber")
-    try:
+    async with running(sub.run(), name="nvmon.fleet.subscriber"):
         yield sub
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
