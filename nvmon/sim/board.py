@@ -36,6 +36,7 @@ Spans = tuple[tuple[float, float], ...]  # sorted, disjoint [start, end) of a fa
 # NVLink error growth per second on a faulty link, and IB error growth on a faulty port.
 _NVLINK_ERR_RATE = {"crc_flit": 5.0, "crc_data": 2.0, "replay": 3.0, "recovery": 0.1}
 _IB_ERR_RATE = {"symbol_error": 3.0, "port_rcv_errors": 1.0, "link_error_recovery": 0.05}
+NVLINK_ERR_KEYS = tuple(_NVLINK_ERR_RATE)  # the order of a link's error counters in `nvlink_readings`
 IB_ERR_WIDTH = {"symbol_error": 16, "link_downed": 8, "port_rcv_errors": 16, "link_error_recovery": 8,
                 "port_xmit_discards": 16}
 
@@ -96,6 +97,19 @@ def square_level(t: float, shape: tuple[float, float, float, float], phase: floa
     return hi if ((t + phase) % period) < duty * period else lo
 
 
+@dataclass(frozen=True, slots=True)
+class _LinkFacts:
+    """What one link's readings depend on besides the time: fixed once the scenario is parsed."""
+
+    used: bool  # wired by design (index < links_used)
+    down: Spans  # when it is down (either end, on bridged pairs)
+    idle: Spans  # when it carries no traffic: down, or its GPU lost
+    err_spans: Spans  # when its error counters rise
+    kib_base: tuple[int, int]
+    factor: tuple[float, float]  # (tx, rx) share of the wave
+    err_base: tuple[int, ...]  # in NVLINK_ERR_KEYS order
+
+
 @dataclass(slots=True)
 class SimGpu:
     index: int
@@ -149,8 +163,12 @@ class SimBoard:
             spans.setdefault(key, []).append(_span(f))
         self._spans: dict[tuple, Spans] = {k: merge_spans(v) for k, v in spans.items()}
         self._by_kind: dict[str, tuple[Fault, ...]] = {}
+        self._by_port: dict[tuple[str, int], tuple[Fault, ...]] = {}  # IB faults by (kind, port index)
         for f in scenario.faults:
             self._by_kind[f.kind] = self._by_kind.get(f.kind, ()) + (f,)
+            if f.port is not None:
+                key = (f.kind, self.ib_index(f.port))
+                self._by_port[key] = self._by_port.get(key, ()) + (f,)
         self._cache: dict[tuple, object] = {}
         self.ib_names = [f"mlx5_{i}" for i in range(p.ib_ports)]
         self.ib_word_base = [(rng.randrange(10**10, 10**12), rng.randrange(10**10, 10**12)) for _ in self.ib_names]
@@ -217,34 +235,91 @@ class SimBoard:
             self._cache[key] = merge_spans(self._link_down_spans(gpu, link) + self.spans("gpu_lost", gpu))
         return self._cache[key]  # type: ignore[return-value]
 
+    def _link_facts(self, gpu: int) -> list[_LinkFacts]:
+        """Per link slot of `gpu` (link 0 first), cached like the spans it gathers."""
+        key = ("link_facts", gpu)
+        if key not in self._cache:
+            g = self.gpus[gpu]
+            self._cache[key] = [
+                _LinkFacts(used=lk < self.profile.links_used, down=self._link_down_spans(gpu, lk),
+                           idle=self._link_idle_spans(gpu, lk), err_spans=self.spans("nvlink_errors", gpu, lk),
+                           kib_base=g.kib_base[lk], factor=g.link_factor[lk],
+                           err_base=tuple(g.err_base[lk][k] for k in NVLINK_ERR_KEYS))
+                for lk in range(self.profile.link_slots)
+            ]
+        return self._cache[key]  # type: ignore[return-value]
+
+    def _nvlink_wave(self, t: float) -> float:
+        """∫₀ᵗ of the NVLink traffic wave (a fraction of the link's bandwidth)."""
+        return square_integral(t, _NVLINK_SHAPE[self.scenario.load], self.phase)
+
+    @staticmethod
+    def _active(f: _LinkFacts, t: float) -> bool:
+        return f.used and (not f.down or not inside(f.down, t))
+
+    def _kib(self, f: _LinkFacts, t: float, free_wave: float) -> tuple[int, int]:
+        """`free_wave`: `_nvlink_wave(t)`, what a link that never idled has carried."""
+        if not f.used:
+            return f.kib_base
+        w = integral_outside(f.idle, t, self._nvlink_wave) if f.idle else free_wave
+        bw_kib = self.profile.link_mbps * 1e6 / 1024
+        return f.kib_base[0] + int(bw_kib * w * f.factor[0]), f.kib_base[1] + int(bw_kib * w * f.factor[1])
+
+    @staticmethod
+    def _errors(f: _LinkFacts, t: float) -> tuple[int, ...]:
+        spans = f.err_spans
+        if not spans or t < spans[0][0]:
+            return f.err_base
+        held = held_s(spans, t)  # the errors rise only while the fault holds
+        return tuple(b + int(rate * held) for b, rate in zip(f.err_base, _NVLINK_ERR_RATE.values()))
+
     def link_active(self, gpu: int, link: int, t: float) -> bool:
         if link >= self.profile.links_used:
             return False
-        down = self._link_down_spans(gpu, link)
-        return not down or not inside(down, t)
+        return self._active(self._link_facts(gpu)[link], t)
 
     def link_kib(self, gpu: int, link: int, t: float) -> tuple[int, int]:
         """Cumulative (tx, rx) KiB, as NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX count them."""
-        g = self.gpus[gpu]
-        if link >= self.profile.links_used:
-            return g.kib_base[link]
-        shape, phase = _NVLINK_SHAPE[self.scenario.load], self.phase
-        idle = self._link_idle_spans(gpu, link)
-        if idle:
-            w = integral_outside(idle, t, lambda x: square_integral(x, shape, phase))
-        else:
-            w = square_integral(t, shape, phase)
-        bw_kib = self.profile.link_mbps * 1e6 / 1024
-        ftx, frx = g.link_factor[link]
-        return g.kib_base[link][0] + int(bw_kib * w * ftx), g.kib_base[link][1] + int(bw_kib * w * frx)
+        return self._kib(self._link_facts(gpu)[link], t, self._nvlink_wave(t))
 
     def link_errors(self, gpu: int, link: int, t: float) -> dict[str, int]:
-        base = self.gpus[gpu].err_base[link]
-        spans = self.spans("nvlink_errors", gpu, link)
-        if not spans or t < spans[0][0]:
-            return dict(base)
-        held = held_s(spans, t)  # the errors rise only while the fault holds
-        return {k: base[k] + int(rate * held) for k, rate in _NVLINK_ERR_RATE.items()}
+        return dict(zip(NVLINK_ERR_KEYS, self._errors(self._link_facts(gpu)[link], t)))
+
+    def _link_columns(self, gpu: int) -> tuple[list[int], list[bool], list[tuple[int, float, int, float]],
+                                               list[list[int]]]:
+        """For `nvlink_readings`: the links a fault touches (or not wired), which are worked out one
+        by one; the others' active column (True) and error counter columns (their bases), which
+        never change; and (tx base, tx share, rx base, rx share) per link."""
+        key = ("link_columns", gpu)
+        if key not in self._cache:
+            facts = self._link_facts(gpu)
+            touched = [lk for lk, f in enumerate(facts) if not f.used or f.down or f.idle or f.err_spans]
+            active = [lk not in touched for lk in range(len(facts))]
+            terms = [(f.kib_base[0], f.factor[0], f.kib_base[1], f.factor[1]) for f in facts]
+            self._cache[key] = touched, active, terms, [list(col) for col in zip(*(f.err_base for f in facts))]
+        return self._cache[key]  # type: ignore[return-value]
+
+    def nvlink_readings(self, gpu: int, t: float) -> tuple[list[bool], list[int], list[int], list[list[int]]]:
+        """All the links of `gpu` at `t`, as columns (link 0 first): active, tx KiB, rx KiB, and a
+        column per error counter in NVLINK_ERR_KEYS order. The values link_active, link_kib and
+        link_errors give, for a fraction of their cost: the traffic wave is integrated once, and
+        only the links a fault touches are worked out one by one."""
+        facts = self._link_facts(gpu)
+        if not facts:
+            return [], [], [], [[] for _ in NVLINK_ERR_KEYS]
+        touched, active, terms, errors = self._link_columns(gpu)
+        active, errors = active.copy(), [col.copy() for col in errors]
+        free_wave = self._nvlink_wave(t)
+        kib = self.profile.link_mbps * 1e6 / 1024 * free_wave  # `_kib`'s product, but for the link's share
+        tx = [tb + int(kib * tf) for tb, tf, _, _ in terms]
+        rx = [rb + int(kib * rf) for _, _, rb, rf in terms]
+        for lk in touched:
+            f = facts[lk]
+            active[lk] = self._active(f, t)
+            tx[lk], rx[lk] = self._kib(f, t, free_wave)
+            for col, value in zip(errors, self._errors(f, t)):
+                col[lk] = value
+        return active, tx, rx, errors
 
     # ---- power, thermal, PCIe ---------------------------------------------------------------
 
@@ -343,7 +418,8 @@ class SimBoard:
         return int(port) if port.isdigit() else int(port.split("_")[1])
 
     def _ib_faults(self, kind: str, i: int, t: float) -> list[Fault]:
-        return [f for f in self.faults(kind, t) if self.ib_index(f.port) == i]
+        """The faults of `kind` on port i that hold at `t`, in spec order."""
+        return [f for f in self._by_port.get((kind, i), ()) if f.active(t)]
 
     def ib_state(self, i: int, t: float) -> tuple[str, str, float, str]:
         """(state, phys_state, rate Gb/s, link layer) of port i."""

@@ -17,13 +17,13 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import itertools
-import struct
 import sys
 import types
 
 import pynvml as _real_pynvml
 
 from nvmon.sim.board import SimBoard
+from nvmon.sim.fakefields import FV, FieldValues
 from nvmon.collect.nvml_fields import NVLINK_GEN_TO_ENUM
 
 # Return codes (values from nvml.h; identical in every pynvml).
@@ -36,29 +36,6 @@ ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
 EVENT_XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId when an event is not per instance
-
-# Field ids nvmon's collector asks for (pynvml names; see nvmon/collect/nvml_fields.py).
-FI_TOTAL_ENERGY = 83
-FI_LINK_COUNT = 91
-FI_PCIE_REPLAY = 94
-FI_THROUGHPUT_DATA_TX = 138
-FI_THROUGHPUT_DATA_RX = 139
-FI_ERROR_DL_REPLAY = 161
-FI_ERROR_DL_RECOVERY = 162
-FI_ERROR_DL_CRC = 163
-FI_GET_SPEED = 164
-FI_GET_STATE = 165
-FI_GET_VERSION = 166
-FI_PCIE_TX_BYTES = 197
-FI_PCIE_RX_BYTES = 198
-FI_CRC_DATA_PER_LINK = {**{39 + i: i for i in range(6)}, **{102 + i: 6 + i for i in range(6)}}
-
-VT_UINT = 1
-VT_ULL = 3
-_MASK = {VT_UINT: 0xFFFFFFFF, VT_ULL: 0xFFFFFFFFFFFFFFFF}
-_FV = struct.Struct("=IIqqIIQ")  # c_nvmlFieldValue_t, checked against pynvml in the tests
-_ERROR_FIELDS = {FI_ERROR_DL_REPLAY: "replay", FI_ERROR_DL_RECOVERY: "recovery", FI_ERROR_DL_CRC: "crc_flit"}
-_PER_LINK = {FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX, FI_GET_SPEED, FI_GET_STATE, FI_GET_VERSION, *_ERROR_FIELDS}
 
 _HANDLE_BASE = 0x5100_0000
 _EVENT_SET_BASE = 0x5200_0000
@@ -86,6 +63,7 @@ class FakeNvmlLib:
         self._next_set = 0
         # Test hook: a return code nvmlEventSetWait_v2 answers with instead of an event (0: off).
         self.event_wait_error = 0
+        self._fields = FieldValues(board)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -407,55 +385,11 @@ class FakeNvmlLib:
         # Work on the raw array memory, as the C library does (pynvml's structure hooks cost ~1 µs
         # per attribute, which would make the simulator, not the collector, dominate benchmarks).
         buf = memoryview(_out(ptr)).cast("B")
-        n = min(_val(count), len(buf) // _FV.size)
+        n = min(_val(count), len(buf) // FV.size)
         t = self._t()
         ts_us = int(self.board.clock() * 1e6)
-        memo: dict = {}  # per call: TX and RX of a link come from one board computation
-        for i, (fid, scope, *_rest) in enumerate(_FV.iter_unpack(buf[: n * _FV.size])):
-            ret, vt, val = self._field(g, fid, scope, t, memo)
-            _FV.pack_into(buf, i * _FV.size, fid, scope, ts_us, 0, vt, ret, val & _MASK[vt])
+        self._fields.fill(g, t, ts_us, buf[: n * FV.size])
         return SUCCESS
-
-    def _field(self, g: int, fid: int, scope: int, t: float, memo: dict) -> tuple[int, int, int]:
-        """(nvmlReturn, valueType, value) of one field; unmodelled fields answer NOT_SUPPORTED."""
-        b, p = self.board, self.board.profile
-        slots = p.link_slots
-        blackwell = p.nvlink_gen is not None and p.nvlink_gen >= 5
-        if fid == FI_TOTAL_ENERGY:
-            return (ERROR_NOT_SUPPORTED if b.notsup("energy", g, t) else SUCCESS), VT_ULL, b.energy_mj(g, t)
-        if fid == FI_LINK_COUNT:
-            return SUCCESS, VT_UINT, slots
-        if fid == FI_PCIE_REPLAY:
-            return SUCCESS, VT_UINT, b.gpus[g].replay_base
-        if fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
-            ret = ERROR_NOT_SUPPORTED if b.notsup("pcie_bytes", g, t) else SUCCESS
-            return ret, VT_ULL, b.pcie_bytes(g, t)[fid - FI_PCIE_TX_BYTES]
-        if fid in _PER_LINK:
-            if scope >= slots:
-                return ERROR_INVALID_ARGUMENT, VT_ULL, 0
-            if fid in (FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX):
-                if ("kib", scope) not in memo:
-                    memo["kib", scope] = b.link_kib(g, scope, t)
-                return SUCCESS, VT_ULL, memo["kib", scope][fid - FI_THROUGHPUT_DATA_TX]
-            if fid in _ERROR_FIELDS:
-                if blackwell:  # "unsupported for Blackwell+" (nvml.h)
-                    return ERROR_NOT_SUPPORTED, VT_ULL, 0
-                if ("err", scope) not in memo:
-                    memo["err", scope] = b.link_errors(g, scope, t)
-                return SUCCESS, VT_ULL, memo["err", scope][_ERROR_FIELDS[fid]]
-            if fid == FI_GET_STATE:
-                if b.notsup("nvlink_state_field", g, t):
-                    return ERROR_NOT_SUPPORTED, VT_UINT, 0
-                return SUCCESS, VT_UINT, int(b.link_active(g, scope, t))
-            if fid == FI_GET_SPEED:
-                return SUCCESS, VT_UINT, p.link_mbps if b.link_active(g, scope, t) else 0
-            return SUCCESS, VT_UINT, NVLINK_GEN_TO_ENUM[p.nvlink_gen]  # FI_GET_VERSION
-        if fid in FI_CRC_DATA_PER_LINK:
-            lk = FI_CRC_DATA_PER_LINK[fid]
-            if lk >= slots or blackwell:
-                return ERROR_NOT_SUPPORTED, VT_ULL, 0
-            return SUCCESS, VT_ULL, b.link_errors(g, lk, t)["crc_data"]
-        return ERROR_NOT_SUPPORTED, VT_ULL, 0
 
 
 def load_sim_pynvml(board: SimBoard) -> types.ModuleType:

@@ -49,6 +49,7 @@ class SimNode:
             root = Path(tempfile.mkdtemp(prefix=f"nvmon-sim-{os.getpid()}-", dir=shm))
         self.sysfs_root = Path(root)
         self._last_state: dict[int, tuple] = {}
+        self._last_counters: dict[int, dict[str, int]] = {}  # per IB port: the values in its files
         self._write_tree()
 
     def _write_tree(self) -> None:
@@ -70,16 +71,19 @@ class SimNode:
             tree.write_pci_device(root, bdf, cur_gen=hca_gen, max_gen=hca_gen, cur_width=16, max_width=16,
                                   numa_node=i * 2 // max(1, p.ib_ports))
             state, phys, rate, layer = b.ib_state(i, t)
+            counters = self._counters(i, t)
             tree.write_ib_port(root, dev, 1, state=state, phys_state=phys, rate_gbps=rate, link_layer=layer,
-                               counters=self._counters(i, t), bdf=bdf)
+                               counters=counters, bdf=bdf)
             self._last_state[i] = (state, phys, rate, layer)
+            self._last_counters[i] = counters
 
     def _counters(self, i: int, t: float) -> dict[str, int]:
         tx, rx = self.board.ib_words(i, t)
         return {"port_xmit_data": tx, "port_rcv_data": rx, **self.board.ib_errors(i, t)}
 
     def sync(self) -> None:
-        """Bring the fake sysfs files up to the board's present moment."""
+        """Bring the fake sysfs files up to the board's present moment. Only files whose value
+        changed are rewritten (the tree is this node's alone: nothing else writes to it)."""
         b = self.board
         t = b.now()
         for i, dev in enumerate(b.ib_names):
@@ -89,7 +93,11 @@ class SimNode:
                 tree.update_ib_state(self.sysfs_root, dev, 1, state=state, phys_state=phys, rate_gbps=rate,
                                      link_layer=layer if last is None or last[3] != layer else None)
                 self._last_state[i] = (state, phys, rate, layer)
-            tree.update_ib_counters(self.sysfs_root, dev, 1, self._counters(i, t))
+            written = self._last_counters[i]
+            changed = {k: v for k, v in self._counters(i, t).items() if written[k] != v}
+            if changed:
+                tree.update_ib_counters(self.sysfs_root, dev, 1, changed)
+                written.update(changed)
 
     def close(self) -> None:
         if self._own_root:
