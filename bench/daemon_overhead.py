@@ -5,7 +5,9 @@ broker, and says so), runs the daemon as a subprocess with its database in a tem
 its CPU time and RSS with psutil after a 10 s warm-up.
 
 The simulated board's fake libnvidia-ml and fake /sys updates run inside the daemon process and are
-counted: on a real node the driver's own cost replaces them (bench/sample_cost.py splits the two).
+counted: on a real node the driver's own cost replaces them. After the run, the bench measures
+them here, in-process, on the same board (the simulated driver's calls and the /sys rewrite per
+tick, as bench/sample_cost.py does), and prints nvmon's own share as the difference.
 
     .venv/bin/python bench/daemon_overhead.py [--seconds 60] [--sim hgx-h100]
 """
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import psutil
+from simcost import simulator_ms_per_tick
 
 
 def free_port() -> int:
@@ -70,7 +73,12 @@ def main() -> None:
         print(f"board        {args.sim}, 1 Hz, broker: {url or 'none (mosquitto not installed)'}")
         print(f"machine      {platform.node()} {platform.machine()} Python {platform.python_version()}, {os.cpu_count()} CPUs")
         print(f"duration     {wall:.0f} s after {args.warmup:.0f} s warm-up")
-        print(f"CPU          {cpu:.2f} % of one core (target <= 1 %), incl. the simulated driver")
+        driver_ms, sync_ms = simulator_ms_per_tick(args.sim)
+        sim_pct = (driver_ms + sync_ms) / 1e3 * 100  # at 1 Hz: ms per tick / 1000 ms
+        print(f"CPU          {cpu:.2f} % of one core, the simulator included")
+        print(f"simulator    {sim_pct:.2f} % (simulated libnvidia-ml {driver_ms:.2f} ms + fake /sys rewrite "
+              f"{sync_ms:.2f} ms per tick, measured in-process after the run)")
+        print(f"nvmon's own  {cpu - sim_pct:.2f} % of one core (target <= 1 %)")
         print(f"RSS          max {max(rss) / 2**20:.1f} MB, last {rss[-1] / 2**20:.1f} MB (target <= 80 MB)")
         print(f"db size      {(tmp / 'nvmon.db').stat().st_size / 2**20:.2f} MB "
               f"(+ WAL {(tmp / 'nvmon.db-wal').stat().st_size / 2**20 if (tmp / 'nvmon.db-wal').exists() else 0:.2f} MB)")

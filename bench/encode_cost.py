@@ -22,8 +22,8 @@ import statistics
 import tempfile
 import time
 
-from nvmon.collect.node import NodeSampler
-from nvmon.sim.node import SimNode
+from simcost import simulated_node
+
 from nvmon.store import Store
 from nvmon.wire.payloads import sample_payload
 
@@ -34,10 +34,7 @@ def main() -> None:
     ap.add_argument("--sim", default="hgx-h100")
     args = ap.parse_args()
 
-    now = [1.7e9]
-    clock = lambda: now[0]  # noqa: E731
-    node = SimNode(args.sim, clock=clock)
-    sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="b", clock=clock, before_tick=node.sync)
+    node, sampler, now = simulated_node(args.sim)
     sampler.open()
     tmp = tempfile.mkdtemp(dir="/var/tmp", prefix="nvmon-bench-")
     path = os.path.join(tmp, "history.db")

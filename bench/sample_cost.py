@@ -18,25 +18,7 @@ import platform
 import statistics
 import time
 
-from nvmon.collect.node import NodeSampler
-from nvmon.sim.node import SimNode
-
-
-def time_simulated_driver(lib) -> list[float]:
-    """Wrap the fake libnvidia-ml's C symbols to add up the CPU time spent inside them."""
-    spent = [0.0]
-    for name in [n for n in dir(type(lib)) if n.startswith("nvml")]:
-        fn = getattr(lib, name)
-
-        def timed(*args, _fn=fn):
-            t = time.process_time()
-            try:
-                return _fn(*args)
-            finally:
-                spent[0] += time.process_time() - t
-
-        setattr(lib, name, timed)
-    return spent
+from simcost import simulated_node, time_simulated_driver
 
 
 def main() -> None:
@@ -45,11 +27,8 @@ def main() -> None:
     ap.add_argument("--sim", default="hgx-h100")
     args = ap.parse_args()
 
-    now = [1_700_000_000.0]
-    clock = lambda: now[0]  # noqa: E731
-    node = SimNode(args.sim, clock=clock)
+    node, sampler, now = simulated_node(args.sim, sync_in_sample=False)
     driver = time_simulated_driver(node.nvml.nvmlLib)
-    sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="bench", clock=clock)
     sampler.open()
     gpus = len(node.board.gpus)
     for _ in range(3):  # probe tick and warm-up: static facts, capability probe

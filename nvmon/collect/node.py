@@ -18,7 +18,7 @@ from nvmon.collect.sysfs import (
     pci_numa_node,
 )
 from nvmon.collect.topology import build_topology
-from nvmon.model import NvmlStatus, Sample
+from nvmon.model import NvmlStatus, Sample, Topology
 
 
 SLOW_EVERY = 30  # ticks between reads of slow-changing sysfs facts
@@ -62,6 +62,7 @@ class NodeSampler:
         self._switches: list[str] = []
         self._switch_links: tuple = ()
         self._ticks = 0
+        self._topology: tuple[tuple, Topology] | None = None  # (what it was built from, topology)
         self.status = NvmlStatus(available=False, error="nvidia-ml-py (pynvml) is not installed")
 
     def open(self) -> NvmlStatus:
@@ -98,7 +99,17 @@ class NodeSampler:
         interval = 0.0 if self._last_ts is None else ts - self._last_ts
         self._last_ts = ts
         return Sample(
-            node=self.node, ts=ts, interval_s=interval, gpus=gpus, topology=build_topology(gpus, self._numa),
+            node=self.node, ts=ts, interval_s=interval, gpus=gpus, topology=self._topology_of(gpus),
             ib=ib, host=self.host.collect(), nvml=status,
             nvswitches=self._switch_links, notes=tuple(notes),
         )
+
+    def _topology_of(self, gpus) -> Topology:
+        """The topology changes only when a link goes up or down, or a GPU is lost or back: build it
+        again only then (it is the same pure function of the same inputs)."""
+        key = (tuple(self._numa or ()),) + tuple(
+            (g.pci_bus_id, g.lost, tuple((link.active, link.remote_type, link.remote_pci_bus_id) for link in g.nvlink))
+            for g in gpus)
+        if self._topology is None or self._topology[0] != key:
+            self._topology = (key, build_topology(gpus, self._numa))
+        return self._topology[1]

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import itertools
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from nvmon.collect import nvml_fields as F
-from nvmon.collect.nvml_batch import FieldBatch
+from nvmon.collect.nvml_batch import FieldBatch, Readings
 from nvmon.collect.nvml_events import XidEvents
 from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus, PcieLink
 
@@ -74,8 +76,9 @@ class _Gpu:
     batch: FieldBatch | None = None  # the per-tick field-value request
     layout: list[tuple[str, int | None]] = field(default_factory=list)  # what each batch entry is
     slot: dict[tuple[str, int | None], int] = field(default_factory=dict)  # (key, link) → entry
-    prev: list = field(default_factory=list)  # previous (value, ts) per entry, for deltas
-    link_slots: list[tuple] = field(default_factory=list)  # per link: entry index per LINK_KEYS
+    prev_values: list = field(default_factory=list)  # last tick's value per entry, for deltas
+    prev_ts_us: list = field(default_factory=list)  # and its timestamp
+    link_get: list[tuple[Callable, ...]] = field(default_factory=list)  # per link: (state, speed), (tx, rx), errors
     rotation: Any = None
     lost_ticks: int = 0
 
@@ -255,11 +258,14 @@ class NvmlCollector:
         g.batch = FieldBatch(nv, req, direct=self.direct_fields)
         g.layout = layout
         g.slot = {k: i for i, k in enumerate(layout)}
-        g.prev = [None] * len(layout)
-        g.link_slots = []
+        g.prev_values, g.prev_ts_us = [None] * len(layout), [0] * len(layout)
+        # A link's entries in LINK_KEYS order; a key not requested points one past the end, where
+        # `_assemble` appends a None to each column.
+        end = len(layout)
+        g.link_get = []
         for lk in range(g.link_count):
-            i_state, i_speed, i_tx, i_rx, *errs = (g.slot.get((k, lk)) for k in LINK_KEYS)
-            g.link_slots.append((i_state, i_speed, i_tx, i_rx, None if errs == [None] * 4 else tuple(errs)))
+            at = [g.slot.get((k, lk), end) for k in LINK_KEYS]
+            g.link_get.append((itemgetter(at[0], at[1]), itemgetter(at[2], at[3]), itemgetter(*at[4:])))
 
     # -- hot path ----------------------------------------------------------------------------
 
@@ -318,66 +324,70 @@ class NvmlCollector:
     def _read_hot(self, g: _Gpu) -> GpuSample:
         nv = self.nvml
         first = "probed" not in g.last
-        results = g.call("field_values", g.batch.fetch, g.handle) if g.batch.n else []
+        got = g.call("field_values", g.batch.fetch, g.handle) if g.batch.n else None
         what = next(g.rotation)
         if what == "slow":
             what = next(g.last["slow"])
         self._read_getter(g, what)
-        if results is None or results is _UNSUPPORTED:
-            results = []
-        for ret, _, _ in results:
-            if ret == nv.NVML_ERROR_GPU_IS_LOST:
-                raise _Lost()
+        if got is None or got is _UNSUPPORTED:
+            n = len(g.layout)  # the whole call failed: every entry unread this tick
+            got = Readings([nv.NVML_ERROR_UNKNOWN] * n, [0] * n, [None] * n)
+        if any(got.rets) and nv.NVML_ERROR_GPU_IS_LOST in got.rets:
+            raise _Lost()
         if first:
             # Capability probe: a field unsupported on the GPU (or on every link) is dropped from
             # later requests, and its fallback getter takes over.
             g.last["probed"] = True
             bad = (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT)
-            answered = {key for (key, _), (ret, _, _) in zip(g.layout, results) if ret == 0}
-            for (key, lk), (ret, _, _) in zip(g.layout, results):
+            answered = {key for (key, _), ret in zip(g.layout, got.rets) if ret == 0}
+            for (key, lk), ret in zip(g.layout, got.rets):
                 if ret in bad and key not in answered:
                     g.unsupported.add(key if lk is None else f"nvlink_{key}")
-            old = (g.layout, results)
+            old = dict(zip(g.layout, zip(*got)))
             self._build_request(g)
-            keep = {k: r for k, r in zip(*old)}
-            results = [keep.get(k, (nv.NVML_ERROR_NOT_SUPPORTED, 0.0, None)) for k in g.layout]
+            gone = (nv.NVML_ERROR_NOT_SUPPORTED, 0, None)
+            got = Readings(*(list(col) for col in zip(*(old.get(k, gone) for k in g.layout)))) \
+                if g.layout else Readings([], [], [])
         # Fallbacks cost extra calls, so the per-link state getter rides with the slow group only.
         if "energy" in g.unsupported:
             self._read_getter(g, "power")
         if "nvlink_state" in g.unsupported and g.link_count and (first or what == SLOW[0]):
             self._read_getter(g, "nvlink_state_getter")
-        return self._assemble(g, results)
+        return self._assemble(g, got)
 
     @staticmethod
-    def _deltas(g: _Gpu, results: list) -> tuple[list, list]:
-        """Per entry: value, and (delta, dt) since the last tick — None when the counter was not read
-        then or now, or went backwards (a reset: driver reload, GPU reset), never a negative rate."""
-        cur = [None if ret or v is None else (v, ts) for ret, ts, v in results]
-        values = [None if c is None else c[0] for c in cur]
-        deltas = [None if c is None or p is None or c[1] <= p[1] or c[0] < p[0] else (c[0] - p[0], c[1] - p[1])
-                  for c, p in zip(cur, g.prev)]
-        g.prev = cur
-        return values, deltas
+    def _deltas(g: _Gpu, got: Readings) -> tuple[list, list]:
+        """Per entry: the rise since the last tick, and the µs between the two readings. The rise is
+        None when the counter was not read then or now, the clock did not advance, or it went
+        backwards (a reset: driver reload, GPU reset) — never a negative rate."""
+        values, ts = got.values, got.ts_us
+        rises = [v - p if v is not None and p is not None and v >= p and t > pt else None
+                 for v, p, t, pt in zip(values, g.prev_values, ts, g.prev_ts_us)]
+        dts = [t - pt for t, pt in zip(ts, g.prev_ts_us)]
+        g.prev_values, g.prev_ts_us = values, ts
+        return rises, dts
 
-    def _assemble(self, g: _Gpu, results: list) -> GpuSample:
-        values, deltas = self._deltas(g, results)
+    def _assemble(self, g: _Gpu, got: Readings) -> GpuSample:
+        rises, dts = self._deltas(g, got)
+        values = got.values + [None]  # the None that unrequested link keys point at
+        rises.append(None)
+        dts.append(1)
         idx = g.slot
 
-        def value(key, lk=None):
-            i = idx.get((key, lk))
+        def value(key):
+            i = idx.get((key, None))
             return None if i is None else values[i]
 
-        def delta(key, lk=None):
-            i = idx.get((key, lk))
-            d = None if i is None else deltas[i]
-            return None if d is None else d[0]
+        def delta(key):
+            i = idx.get((key, None))
+            return None if i is None else rises[i]
 
-        def rate(key, lk=None, scale=1.0):
-            i = idx.get((key, lk))
-            d = None if i is None else deltas[i]
-            return None if d is None else d[0] * scale / d[1]
+        def rate(key, scale=1.0):
+            i = idx.get((key, None))
+            d = None if i is None else rises[i]
+            return None if d is None else d * scale * 1e6 / dts[i]
 
-        power = rate("energy", None, 1e-3) if "energy" not in g.unsupported else g.last.get("power")
+        power = rate("energy", 1e-3) if "energy" not in g.unsupported else g.last.get("power")
         pcie = PcieLink(
             gen=g.last.get("pcie_gen"), max_gen=g.max_gen, width=g.last.get("pcie_width"), max_width=g.max_width,
             device_max_gen=g.device_max_gen, tx_bytes_per_s=rate("pcie_tx"), rx_bytes_per_s=rate("pcie_rx"),
@@ -386,30 +396,19 @@ class NvmlCollector:
         getter_states = g.last.get("nvlink_state_getter")
         links = []
         kinds = NVLINK_ERROR_KINDS
-        for link, (i_state, i_speed, i_tx, i_rx, err_slots) in zip(g.links, g.link_slots):
-            state = None if i_state is None else values[i_state]
+        kib_per_us = 1024.0 * 1e6  # KiB over µs → bytes/s
+        for link, (state_speed, tx_rx, errs) in zip(g.links, g.link_get):
+            state, speed = state_speed(values)
+            tx, rx = tx_rx(rises)
+            tx_dt, rx_dt = tx_rx(dts)
             if state is None and getter_states is not None and isinstance(getter_states[link.link], int):
                 state = getter_states[link.link]
-            tx = None if i_tx is None else deltas[i_tx]
-            rx = None if i_rx is None else deltas[i_rx]
-            if err_slots is None:
-                errors, errors_delta = dict.fromkeys(kinds), dict.fromkeys(kinds)
-            else:
-                errors, errors_delta = {}, {}
-                for kind, i in zip(kinds, err_slots):
-                    if i is None:
-                        errors[kind] = errors_delta[kind] = None
-                    else:
-                        d = deltas[i]
-                        errors[kind] = values[i]
-                        errors_delta[kind] = None if d is None else d[0]
             links.append(NvLinkSample(
                 link=link.link, active=None if state is None else state in (1, 3), version=link.version,
-                speed_mbps=(None if i_speed is None else values[i_speed]) or None,
-                remote_type=link.remote_type, remote_pci_bus_id=link.remote_bus_id,
-                tx_bytes_per_s=None if tx is None else tx[0] * 1024.0 / tx[1],
-                rx_bytes_per_s=None if rx is None else rx[0] * 1024.0 / rx[1],
-                errors=errors, errors_delta=errors_delta,
+                speed_mbps=speed or None, remote_type=link.remote_type, remote_pci_bus_id=link.remote_bus_id,
+                tx_bytes_per_s=None if tx is None else tx * kib_per_us / tx_dt,
+                rx_bytes_per_s=None if rx is None else rx * kib_per_us / rx_dt,
+                errors=dict(zip(kinds, errs(values))), errors_delta=dict(zip(kinds, errs(rises))),
             ))
         energy = value("energy")
         return GpuSample(

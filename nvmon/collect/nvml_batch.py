@@ -7,7 +7,7 @@ pynvml's public wrapper rebuilds the ctypes array and sets fieldId/scopeId throu
 the layout and the private helpers checked below, the batch keeps one array per GPU, calls the C
 symbol through pynvml's own `_nvmlGetFunctionPointer` with exactly the arguments the wrapper passes
 (`handle, c_int32(n), byref(array)`), lets `_nvmlCheckReturn` map errors to pynvml's classes, and
-decodes the array in one `struct` pass. Otherwise it falls back to the public wrapper.
+decodes the array into columns with memoryview slices. Otherwise it falls back to the public wrapper.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
+from typing import NamedTuple
 
 # c_nvmlFieldValue_t: fieldId u32, scopeId u32, timestamp i64 (µs), latencyUsec i64, valueType u32,
 # nvmlReturn u32, value (8-byte union).
 FV = struct.Struct("=IIqqIIQ")
 _FV_FIELDS = (("fieldId", 0), ("scopeId", 4), ("timestamp", 8), ("latencyUsec", 16), ("valueType", 24),
               ("nvmlReturn", 28), ("value", 32))
-_LITTLE = sys.byteorder == "little"
 
 
 def layout_matches(nv) -> bool:
@@ -49,14 +49,22 @@ def decode_value(value_type: int, q: int) -> int | float:
     return struct.unpack("=I", raw[:4])[0]  # 1: unsigned int
 
 
+class Readings(NamedTuple):
+    """One batch's answers as columns, in request order (entry i of each list is request entry i)."""
+
+    rets: list[int]  # nvmlReturn per entry (0: success)
+    ts_us: list[int]  # timestamp per entry, µs
+    values: list[int | float | None]  # None where the entry failed
+
+
 class FieldBatch:
-    """`fetch(handle)` → [(nvmlReturn, timestamp s, value or None)] in request order.
+    """`fetch(handle)` → `Readings` (columns: return codes, timestamps, values) in request order.
 
     `request`: field ids or (field id, scope id) tuples, as `nvmlDeviceGetFieldValues` takes them.
     Raises pynvml's NVMLError subclasses when the whole call fails.
     """
 
-    def __init__(self, nv, request: list, *, direct: bool | None = None):
+    def __init__(self, nv, request, *, direct: bool | None = None):
         self.nv = nv
         self.request = list(request)
         self.n = len(self.request)
@@ -73,9 +81,9 @@ class FieldBatch:
                 fid, scope = item if isinstance(item, tuple) else (item, 0)
                 FV.pack_into(buf, i * FV.size, fid, scope, 0, 0, 0, 0, 0)
 
-    def fetch(self, handle) -> list[tuple[int, float, int | float | None]]:
+    def fetch(self, handle) -> Readings:
         if not self.n:
-            return []
+            return Readings([], [], [])
         if self.direct:
             fn = self.nv._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
             self.nv._nvmlCheckReturn(fn(handle, ctypes.c_int32(self.n), ctypes.byref(self._array)))
@@ -84,19 +92,25 @@ class FieldBatch:
             values = self.nv.nvmlDeviceGetFieldValues(handle, self.request)
         return self._decode(values)
 
-    def _decode(self, values) -> list[tuple[int, float, int | float | None]]:
+    def _decode(self, values) -> Readings:
         if self.fast_decode:
-            # One pass, inlined for the common types (3: unsigned long long, 1: unsigned int).
-            return [
-                (ret, ts / 1e6, None if ret else q if vt == 3 else q & 0xFFFFFFFF if vt == 1 and _LITTLE
-                 else decode_value(vt, q))
-                for _, _, ts, _, vt, ret, q in FV.iter_unpack(memoryview(values).cast("B"))
-            ]
-        out = []
+            # Columns straight out of the array's memory at C speed: the 40-byte entry is ten u32
+            # words (valueType at 6, nvmlReturn at 7, the union's first 4 bytes at 8) or five
+            # 64-bit words (timestamp at 1, the union at 4). Only the per-type pick is Python.
+            raw = memoryview(values).cast("B")
+            u32 = raw.cast("I")
+            rets, types = u32[7::10].tolist(), u32[6::10].tolist()
+            ts_us = raw.cast("q")[1::5].tolist()
+            q = raw.cast("Q")[4::5].tolist()
+            lo = u32[8::10].tolist()  # a 4-byte member of the union sits in its first 4 bytes
+            vals = [v if t == 3 else w if t == 1 else decode_value(t, v) for t, v, w in zip(types, q, lo)]
+            if any(rets):
+                vals = [None if r else v for r, v in zip(rets, vals)]
+            return Readings(rets, ts_us, vals)
+        rets, ts_us, vals = [], [], []
         for v in values:
             ret = v.nvmlReturn
-            value = None
-            if ret == 0:
-                value = v.value.ullVal if v.valueType == 3 else v.value.uiVal
-            out.append((ret, v.timestamp / 1e6, value))
-        return out
+            rets.append(ret)
+            ts_us.append(v.timestamp)
+            vals.append(None if ret else decode_value(v.valueType, v.value.ullVal))
+        return Readings(rets, ts_us, vals)

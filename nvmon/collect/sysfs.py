@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from nvmon.collect.counters import CounterTracker
 from nvmon.model import IbPortSample, PciDeviceLink, PcieLink
@@ -133,13 +133,17 @@ def sysfs_to_nvml_bdf(bdf: str) -> str | None:
 # --- file access ------------------------------------------------------------------------------
 
 
-def _read(path: str) -> str:
+def _read_bytes(path: str) -> bytes:
     """One sysfs attribute. os.open/os.read: a fraction of `open()`'s cost, and this runs ~100×/s."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, 4096).decode("utf-8", "replace")
+        return os.read(fd, 4096)
     finally:
         os.close(fd)
+
+
+def _read(path: str) -> str:
+    return _read_bytes(path).decode("utf-8", "replace")
 
 
 def _try_read(path: str) -> str | None:
@@ -153,28 +157,29 @@ def _read_noted(path: str, label: str, notes: list[str]) -> str | None:
     try:
         return _read(path)
     except OSError as e:
-        notes.append(f"{label} missing" if isinstance(e, FileNotFoundError)
-                     else f"{label} unreadable ({e.strerror or type(e).__name__})")
+        notes.append(_read_error(label, e))
         return None
 
 
-def _read_parsed(
-    path: str, label: str, parse: Callable[[str], T | None], notes: list[str]
-) -> T | None:
-    """Read and parse one attribute; a missing file or a value `parse` rejects leaves a note."""
-    text = _read_noted(path, label, notes)
-    if text is None:
+def _read_error(label: str, e: OSError) -> str:
+    if isinstance(e, FileNotFoundError):
+        return f"{label} missing"
+    return f"{label} unreadable ({e.strerror or type(e).__name__})"
+
+
+def _read_counter(path: str, label: str, notes: list[str]) -> int | None:
+    """A "%u" counter attribute. A missing or unreadable file, old kernels' "N/A (no PMA)" or
+    anything else that is not a number leaves a note and gives None."""
+    try:
+        raw = _read_bytes(path)
+    except OSError as e:
+        notes.append(_read_error(label, e))
         return None
-    value = parse(text)
-    if value is None:
-        notes.append(f"{label} unparsable: {text.strip()[:24]!r}")
-    return value
-
-
-def _parse_counter(text: str) -> int | None:
-    """A "%u" counter; old kernels' "N/A (no PMA)" and anything else → None."""
-    s = text.strip()
-    return int(s) if s.isascii() and s.isdigit() else None  # hot path: no regex
+    s = raw.strip()
+    if s.isdigit():  # bytes.isdigit: ASCII digits only
+        return int(s)
+    notes.append(f"{label} unparsable: {raw.decode('utf-8', 'replace').strip()[:24]!r}")
+    return None
 
 
 def _listdir(path: str) -> list[str]:
@@ -257,7 +262,8 @@ class _PortStatic:
     tx_path: str  # 64-bit counters_ext/*_64 when present, else counters/port_xmit_data
     rx_path: str
     data_64bit: bool  # proven 64-bit: counters_ext, or a value above 2**32-1 seen
-    errors_dir: str
+    port_dir: str
+    errors: tuple[tuple[str, str, int], ...]  # (kind, counter file, width in bits), IB_ERROR_WIDTHS order
     notes: tuple[str, ...] = ()  # failures here make the next tick read the statics again
 
 
@@ -292,17 +298,21 @@ def _read_port_static(dev_dir: str, port_dir: str) -> _PortStatic:
     return _PortStatic(
         link_layer=link_layer, bdf=bdf, pci_dir=pci_dir, max_gen=max_gen, max_width=max_width,
         tx_path=data.format("xmit"), rx_path=data.format("rcv"), data_64bit=has_ext,
-        errors_dir=port_dir + "/counters/", notes=tuple(notes),
+        port_dir=port_dir, notes=tuple(notes),
+        errors=tuple((kind, f"{port_dir}/counters/{kind}", width) for kind, width in IB_ERROR_WIDTHS.items()),
     )
 
 
-LINK_REFRESH_TICKS = 30
+LINK_REFRESH_TICKS = 30  # ticks between re-reads of the HCAs' current PCIe links and of the port list
 
 
 class IbCollector:
     """Samples every port under `<root>/class/infiniband/<dev>/ports/<n>/` once per `collect`.
 
     Keeps per-port static facts and the previous counter readings, so rates need two ticks.
+    The device directory is listed every tick (an HCA added or removed shows at once); each
+    device's ports are listed again only when the devices change, every LINK_REFRESH_TICKS
+    ticks, or after a port's file went missing.
     Not thread-safe: one collector per sampling loop.
     """
 
@@ -311,61 +321,88 @@ class IbCollector:
         self._tracker = CounterTracker()
         self._static: dict[tuple[str, int], _PortStatic] = {}
         self._links: dict[str, tuple[int | None, int | None]] = {}
+        self._devs: list[str] | None = None  # the device listing the port list was built from
+        self._ports: list[tuple[str, str, int]] = []  # (device, device dir, port), sorted
+        self._parsed: dict[tuple[str, bytes], Any] = {}  # state/phys_state/rate text → parsed
         self._ticks = 0
+
+    def _scan(self, devs: list[str]) -> list[tuple[str, str, int]]:
+        ports = []
+        for dev in devs:
+            dev_dir = f"{self._ib}/{dev}"
+            nums = sorted(int(p) for p in _listdir(dev_dir + "/ports") if p.isascii() and p.isdigit())
+            ports.extend((dev, dev_dir, n) for n in nums)
+        seen = {(dev, n) for dev, _, n in ports}
+        for key in [k for k in self._static if k not in seen]:  # port gone: forget its history
+            del self._static[key]
+            self._tracker.forget(key)
+        return ports
 
     def collect(self, ts: float) -> tuple[IbPortSample, ...]:
         """One sample per port, sorted by (device, port). `ts`: unix seconds of this reading."""
-        out: list[IbPortSample] = []
-        seen: set[tuple[str, int]] = set()
         # The HCAs' current PCIe links change only when a link retrains: re-read every
         # LINK_REFRESH_TICKS ticks (and on the first), shared by the ports of one HCA.
         if self._ticks % LINK_REFRESH_TICKS == 0:
             self._links = {}
+            self._devs = None
         self._ticks += 1
+        devs = sorted(_listdir(self._ib))
+        if devs != self._devs:
+            self._ports, self._devs = self._scan(devs), devs
         links = self._links
-        for dev in sorted(_listdir(self._ib)):
-            dev_dir = f"{self._ib}/{dev}"
-            ports = []
-            for p in _listdir(dev_dir + "/ports"):
-                if p.isascii() and p.isdigit():
-                    ports.append(int(p))
-            for port in sorted(ports):
-                seen.add((dev, port))
-                out.append(self._collect_port(dev, dev_dir, port, ts, links))
-        for key in [k for k in self._static if k not in seen]:  # port gone: forget its history
-            del self._static[key]
-            self._tracker.forget(key)
-        return tuple(out)
+        out = tuple(self._collect_port(dev, dev_dir, port, ts, links) for dev, dev_dir, port in self._ports)
+        if any(n.endswith(" missing") for p in out for n in p.notes):
+            self._devs = None  # a port may be gone: list the ports again next tick
+        return out
+
+    def _text(self, path: str, label: str, parse: Callable[[str], T | None], notes: list[str]) -> T | None:
+        """A state/phys_state/rate attribute, parsed; the few texts a port shows are parsed once."""
+        try:
+            raw = _read_bytes(path)
+        except OSError as e:
+            notes.append(_read_error(label, e))
+            return None
+        key = (label, raw)
+        value = self._parsed.get(key)
+        if value is None:
+            text = raw.decode("utf-8", "replace")
+            value = parse(text)
+            if value is None:
+                notes.append(f"{label} unparsable: {text.strip()[:24]!r}")
+                return None
+            if len(self._parsed) < 256:  # bounded: a garbled, ever-changing file cannot grow it
+                self._parsed[key] = value
+        return value
 
     def _collect_port(
         self, dev: str, dev_dir: str, port: int, ts: float,
         links: dict[str, tuple[int | None, int | None]],
     ) -> IbPortSample:
-        port_dir = f"{dev_dir}/ports/{port}"
         key = (dev, port)
         st = self._static.get(key)
         if st is None or st.notes:
             prev = st
-            st = _read_port_static(dev_dir, port_dir)
+            st = _read_port_static(dev_dir, f"{dev_dir}/ports/{port}")
             if prev is not None:  # keep what a counter already proved
                 st.data_64bit = st.data_64bit or prev.data_64bit
             self._static[key] = st
         notes = list(st.notes)
+        port_dir = st.port_dir
 
-        state = _read_parsed(port_dir + "/state", "state", parse_ib_state, notes)
-        phys = _read_parsed(port_dir + "/phys_state", "phys_state", parse_phys_state, notes)
-        rate = _read_parsed(port_dir + "/rate", "rate", parse_ib_rate, notes)
+        state = self._text(port_dir + "/state", "state", parse_ib_state, notes)
+        phys = self._text(port_dir + "/phys_state", "phys_state", parse_phys_state, notes)
+        rate = self._text(port_dir + "/rate", "rate", parse_ib_rate, notes)
 
         tx = self._data_rate(st, key, "port_xmit_data", st.tx_path, ts, notes)
         rx = self._data_rate(st, key, "port_rcv_data", st.rx_path, ts, notes)
 
         errors: dict[str, int | None] = {}
         deltas: dict[str, int | None] = {}
-        for kind, width in IB_ERROR_WIDTHS.items():
-            v = _read_parsed(st.errors_dir + kind, kind, _parse_counter, notes)
+        delta = self._tracker.delta
+        for kind, path, width in st.errors:
+            v = _read_counter(path, kind, notes)
             errors[kind] = v
-            deltas[kind] = self._tracker.delta(
-                (dev, port, kind), v, ts, width_bits=width, saturates=True)[0]
+            deltas[kind] = delta((dev, port, kind), v, ts, width_bits=width, saturates=True)[0]
             if v is not None and v >= (1 << width) - 1:
                 notes.append(f"{kind} saturated ({width}-bit)")
 
@@ -393,7 +430,7 @@ class IbCollector:
         notes: list[str],
     ) -> float | None:
         """Bytes/s from a data counter in 4-octet words (ABI: "divided by 4 (lanes)")."""
-        v = _read_parsed(path, label, _parse_counter, notes)
+        v = _read_counter(path, label, notes)
         if v is not None and v > U32_MAX:
             st.data_64bit = True  # a 32-bit counter can never exceed this
         if st.data_64bit:
