@@ -112,3 +112,39 @@ def test_a_failed_field_value_call_costs_that_gpu_one_tick_of_rates():
         assert ok.gpus[2].nvlink[0].tx_bytes_per_s is not None and ok.gpus[2].notes == ()
     finally:
         node.close()
+
+
+def test_a_counter_going_backwards_is_no_rate_and_only_for_that_entry():
+    """The all-answered fast path subtracts whole columns; a reset (driver reload, GPU reset) must
+    still give None for that counter alone, never a negative rate."""
+    clock = _Clock()
+    node = SimNode("hgx-h100,seed=4", clock=clock)
+    try:
+        s = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync, clock=clock)
+        s.open()
+        for _ in range(3):
+            s.sample()
+            clock.t += 1
+        g = s.nvml.gpus[5]
+        tx = g.slot[("tx", 4)]
+        real = g.batch.fetch
+
+        def reset_one(handle):
+            got = real(handle)
+            got.values[tx] = 3  # the link's TX counter started again from zero
+            return got
+
+        g.batch.fetch = reset_one
+        after_reset = s.sample()
+        clock.t += 1
+        link = after_reset.gpus[5].nvlink[4]
+        assert link.tx_bytes_per_s is None and link.rx_bytes_per_s is not None
+        assert all(lk.tx_bytes_per_s is not None for lk in after_reset.gpus[5].nvlink if lk.link != 4)
+        g.batch.fetch = real
+        s.sample()  # from 3 back up to the real count: a rise, and a big one, but not negative
+        clock.t += 1
+        again = s.sample()
+        assert again.gpus[5].nvlink[4].tx_bytes_per_s is not None
+        assert all(lk.tx_bytes_per_s >= 0 for gs in again.gpus for lk in gs.nvlink)
+    finally:
+        node.close()

@@ -21,7 +21,7 @@ import itertools
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from operator import itemgetter
+from operator import itemgetter, sub
 from typing import Any
 
 from nvmon.collect import nvml_fields as F
@@ -33,6 +33,7 @@ LINK_KEYS = ("state", "speed", "tx", "rx") + NVLINK_ERROR_KINDS
 ROTATION = ("throttle", "utilization", "throttle", "utilization", "slow")
 SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
 LOST_RETRY_TICKS = 30
+MAX_ERROR_MAPS = 4096  # per GPU; cleared when full
 
 
 class _Lost(Exception):
@@ -78,6 +79,8 @@ class _Gpu:
     slot: dict[tuple[str, int | None], int] = field(default_factory=dict)  # (key, link) → entry
     prev_values: list = field(default_factory=list)  # last tick's value per entry, for deltas
     prev_ts_us: list = field(default_factory=list)  # and its timestamp
+    prev_complete: bool = False  # every entry of the last tick answered
+    error_maps: dict[tuple, dict] = field(default_factory=dict)  # link error counts → shared dict
     link_get: list[tuple[Callable, ...]] = field(default_factory=list)  # per link: (state, speed), (tx, rx), errors
     rotation: Any = None
     lost_ticks: int = 0
@@ -258,7 +261,7 @@ class NvmlCollector:
         g.batch = FieldBatch(nv, req, direct=self.direct_fields)
         g.layout = layout
         g.slot = {k: i for i, k in enumerate(layout)}
-        g.prev_values, g.prev_ts_us = [None] * len(layout), [0] * len(layout)
+        g.prev_values, g.prev_ts_us, g.prev_complete = [None] * len(layout), [0] * len(layout), False
         # A link's entries in LINK_KEYS order; a key not requested points one past the end, where
         # `_assemble` appends a None to each column.
         end = len(layout)
@@ -360,11 +363,19 @@ class NvmlCollector:
         """Per entry: the rise since the last tick, and the µs between the two readings. The rise is
         None when the counter was not read then or now, the clock did not advance, or it went
         backwards (a reset: driver reload, GPU reset) — never a negative rate."""
-        values, ts = got.values, got.ts_us
-        rises = [v - p if v is not None and p is not None and v >= p and t > pt else None
-                 for v, p, t, pt in zip(values, g.prev_values, ts, g.prev_ts_us)]
-        dts = [t - pt for t, pt in zip(ts, g.prev_ts_us)]
-        g.prev_values, g.prev_ts_us = values, ts
+        values, ts, prev = got.values, got.ts_us, g.prev_values
+        dts = list(map(sub, ts, g.prev_ts_us))
+        rises = None
+        if g.prev_complete and not any(got.rets):
+            # Every entry answered, now and last tick (the rule): subtract at C speed, and take the
+            # entry-by-entry path below only when some entry went backwards or kept its timestamp.
+            rises = list(map(sub, values, prev))
+            if rises and (min(rises) < 0 or min(dts) <= 0):
+                rises = None
+        if rises is None:
+            rises = [v - p if v is not None and p is not None and v >= p and d > 0 else None
+                     for v, p, d in zip(values, prev, dts)]
+        g.prev_values, g.prev_ts_us, g.prev_complete = values, ts, not any(got.rets)
         return rises, dts
 
     def _assemble(self, g: _Gpu, got: Readings) -> GpuSample:
@@ -395,7 +406,19 @@ class NvmlCollector:
         )
         getter_states = g.last.get("nvlink_state_getter")
         links = []
-        kinds = NVLINK_ERROR_KINDS
+        maps = g.error_maps
+        if len(maps) > MAX_ERROR_MAPS:
+            maps.clear()
+
+        def error_map(counts: tuple) -> dict:
+            """The {kind: count} dict for these counts. Counts repeat (zero rises, error counts that
+            did not move), so each distinct one is built once and then shared, read-only like
+            everything in a Sample."""
+            m = maps.get(counts)
+            if m is None:
+                m = maps[counts] = dict(zip(NVLINK_ERROR_KINDS, counts))
+            return m
+
         kib_per_us = 1024.0 * 1e6  # KiB over µs → bytes/s
         for link, (state_speed, tx_rx, errs) in zip(g.links, g.link_get):
             state, speed = state_speed(values)
@@ -408,7 +431,7 @@ class NvmlCollector:
                 speed_mbps=speed or None, remote_type=link.remote_type, remote_pci_bus_id=link.remote_bus_id,
                 tx_bytes_per_s=None if tx is None else tx * kib_per_us / tx_dt,
                 rx_bytes_per_s=None if rx is None else rx * kib_per_us / rx_dt,
-                errors=dict(zip(kinds, errs(values))), errors_delta=dict(zip(kinds, errs(rises))),
+                errors=error_map(errs(values)), errors_delta=error_map(errs(rises)),
             ))
         energy = value("energy")
         return GpuSample(
