@@ -33,7 +33,7 @@ LINK_KEYS = ("state", "speed", "tx", "rx") + NVLINK_ERROR_KINDS
 ROTATION = ("throttle", "utilization", "throttle", "utilization", "slow")
 SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
 LOST_RETRY_TICKS = 30
-MAX_ERROR_MAPS = 4096  # per GPU; cleared when full
+MAX_ERROR_MAPS = 512  # per GPU, cleared when full: ~150 KB at most, even with every link erroring
 
 
 class _Lost(Exception):
