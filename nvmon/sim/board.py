@@ -154,6 +154,11 @@ class SimBoard:
                     replay_base=rng.randrange(0, 3),
                 )
             )
+        # Each GPU runs a few degrees warmer or cooler than its neighbours (airflow, position in the
+        # chassis): a fixed offset per node and GPU, from its own generator so that adding it left
+        # every other simulated value as it was.
+        self._temp_offset = [random.Random(f"{scenario.seed}:{node}:temperature:{i}").randrange(0, 7)
+                             for i in range(p.gpus)]
         # When each fault holds, by (kind, gpu, link, IB port index): merged [start, end) spans,
         # looked up for every simulated value, so precomputed. Derived per-link / per-GPU / per-port
         # piecewise shapes are cached on first use (the scenario never changes).
@@ -381,7 +386,7 @@ class SimBoard:
         if self.hot(gpu, t):
             return 92
         base = {"idle": 31, "allreduce": 62, "busy": 66}[self.scenario.load]
-        return base + gpu % 3 + int(t) % 2
+        return base + self._temp_offset[gpu] + int(t) % 2
 
     def utilization(self, gpu: int, t: float) -> int:
         u = _UTIL[self.scenario.load]
