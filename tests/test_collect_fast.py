@@ -3,6 +3,7 @@ the InfiniBand reader's caches (port list, parsed texts) and a failed field-valu
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pynvml
@@ -83,16 +84,29 @@ class _Clock:
     def __call__(self):
         return self.t
 
+    def tick(self, sampler):
+        sample = sampler.sample()
+        self.t += 1
+        return sample
 
-def test_a_failed_field_value_call_costs_that_gpu_one_tick_of_rates():
+
+@contextlib.contextmanager
+def _warm(spec: str, ticks: int):
+    """(node, sampler, clock): a simulated board sampled `ticks` times on a fake clock."""
     clock = _Clock()
-    node = SimNode("hgx-h100,seed=2", clock=clock)
+    node = SimNode(spec, clock=clock)
     try:
         s = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync, clock=clock)
         s.open()
-        for _ in range(2):
-            s.sample()
-            clock.t += 1
+        for _ in range(ticks):
+            clock.tick(s)
+        yield node, s, clock
+    finally:
+        node.close()
+
+
+def test_a_failed_field_value_call_costs_that_gpu_one_tick_of_rates():
+    with _warm("hgx-h100,seed=2", 2) as (node, s, clock):
         g2 = s.nvml.gpus[2]
         real = g2.batch.fetch
 
@@ -100,31 +114,20 @@ def test_a_failed_field_value_call_costs_that_gpu_one_tick_of_rates():
             raise node.nvml.NVMLError(node.nvml.NVML_ERROR_UNKNOWN)  # the simulated module's classes
 
         g2.batch.fetch = broken
-        bad = s.sample()
-        clock.t += 1
+        bad = clock.tick(s)
         assert bad.gpus[2].nvlink[0].tx_bytes_per_s is None and bad.gpus[2].power_w is None
         assert any("field_values" in n for n in bad.gpus[2].notes)
         assert bad.gpus[1].nvlink[0].tx_bytes_per_s is not None  # the other GPUs are untouched
         g2.batch.fetch = real
-        s.sample()  # first reading after the gap: no rate across it
-        clock.t += 1
-        ok = s.sample()
+        clock.tick(s)  # first reading after the gap: no rate across it
+        ok = clock.tick(s)
         assert ok.gpus[2].nvlink[0].tx_bytes_per_s is not None and ok.gpus[2].notes == ()
-    finally:
-        node.close()
 
 
 def test_a_counter_going_backwards_is_no_rate_and_only_for_that_entry():
     """The all-answered fast path subtracts whole columns; a reset (driver reload, GPU reset) must
     still give None for that counter alone, never a negative rate."""
-    clock = _Clock()
-    node = SimNode("hgx-h100,seed=4", clock=clock)
-    try:
-        s = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync, clock=clock)
-        s.open()
-        for _ in range(3):
-            s.sample()
-            clock.t += 1
+    with _warm("hgx-h100,seed=4", 3) as (node, s, clock):
         g = s.nvml.gpus[5]
         tx = g.slot[("tx", 4)]
         real = g.batch.fetch
@@ -135,16 +138,11 @@ def test_a_counter_going_backwards_is_no_rate_and_only_for_that_entry():
             return got
 
         g.batch.fetch = reset_one
-        after_reset = s.sample()
-        clock.t += 1
-        link = after_reset.gpus[5].nvlink[4]
-        assert link.tx_bytes_per_s is None and link.rx_bytes_per_s is not None
-        assert all(lk.tx_bytes_per_s is not None for lk in after_reset.gpus[5].nvlink if lk.link != 4)
+        link = clock.tick(s).gpus[5].nvlink
+        assert link[4].tx_bytes_per_s is None and link[4].rx_bytes_per_s is not None
+        assert all(lk.tx_bytes_per_s is not None for lk in link if lk.link != 4)
         g.batch.fetch = real
-        s.sample()  # from 3 back up to the real count: a rise, and a big one, but not negative
-        clock.t += 1
-        again = s.sample()
+        clock.tick(s)  # from 3 back up to the real count: a rise, and a big one, but not negative
+        again = clock.tick(s)
         assert again.gpus[5].nvlink[4].tx_bytes_per_s is not None
         assert all(lk.tx_bytes_per_s >= 0 for gs in again.gpus for lk in gs.nvlink)
-    finally:
-        node.close()
