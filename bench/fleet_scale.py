@@ -84,18 +84,12 @@ async def wait_online(state, nodes: int, limit_s: float = 180.0) -> None:
 # --- the aggregator process ---------------------------------------------------------------------
 
 
-async def aggregate(url: str, cluster: str, nodes: int, warmup: float, seconds: float) -> dict:
+def timed_state(measuring: list[bool], apply_s: list[float], on_sample):
+    """A FleetState that, while `measuring[0]`, adds its apply time to `apply_s[0]` and calls
+    `on_sample(sample ts, receive time)` for each sample it applied."""
     from nvmon.fleet.state import FleetState
-    from nvmon.fleet.subscriber import subscribed
-    from nvmon.wire.mqtt import MqttSettings
-
-    latencies: list[float] = []
-    apply_s = [0.0]
-    measuring = [False]
 
     class TimedState(FleetState):
-        """Records publish → applied latency of samples while measuring."""
-
         def apply(self, topic, payload, now):
             t = time.perf_counter()
             ok = super().apply(topic, payload, now)
@@ -103,10 +97,22 @@ async def aggregate(url: str, cluster: str, nodes: int, warmup: float, seconds: 
                 apply_s[0] += time.perf_counter() - t
                 if ok and topic.endswith("/sample"):
                     _, _, c, n, _ = topic.split("/")
-                    latencies.append(time.time() - self.nodes[(c, n)].tick.ts)  # applied, not received
+                    on_sample(self.nodes[(c, n)].tick.ts, now)
             return ok
 
-    state = TimedState()
+    return TimedState()
+
+
+async def aggregate(url: str, cluster: str, nodes: int, warmup: float, seconds: float) -> dict:
+    from nvmon.fleet.subscriber import subscribed
+    from nvmon.wire.mqtt import MqttSettings
+
+    latencies: list[float] = []
+    apply_s = [0.0]
+    measuring = [False]
+
+    state = timed_state(measuring, apply_s,
+                        lambda ts, now: latencies.append(time.time() - ts))  # applied, not received
     async with subscribed(MqttSettings(url=url), state, cluster=cluster) as sub:
         await wait_online(state, nodes)
         print("ready", flush=True)
@@ -139,7 +145,6 @@ async def aggregate(url: str, cluster: str, nodes: int, warmup: float, seconds: 
 async def tui(url: str, cluster: str, nodes: int, warmup: float, seconds: float, width: int, height: int,
               scroll_s: float) -> dict:
     """NvmonApp on the broker, headless; probes on the state, the redraw timer and the table."""
-    from nvmon.fleet.state import FleetState
     from nvmon.tui.app import NvmonApp
     from nvmon.tui.widgets.fleet_table import FleetTable
     from nvmon.wire.mqtt import MqttSettings
@@ -152,20 +157,11 @@ async def tui(url: str, cluster: str, nodes: int, warmup: float, seconds: float,
     painted = [0]
     shown: dict = {}  # node key → ts of the tick its row last showed, since the last scroll
 
-    class TimedState(FleetState):
-        def apply(self, topic, payload, now):
-            t = time.perf_counter()
-            ok = super().apply(topic, payload, now)
-            if measuring[0]:
-                apply_s[0] += time.perf_counter() - t
-                if ok and topic.endswith("/sample"):
-                    _, _, c, n, _ = topic.split("/")
-                    ts = self.nodes[(c, n)].tick.ts
-                    applied_lat.append(time.time() - ts)
-                    received_lat.append(now - ts)
-            return ok
+    def on_sample(ts: float, now: float) -> None:
+        applied_lat.append(time.time() - ts)
+        received_lat.append(now - ts)
 
-    state = TimedState()
+    state = timed_state(measuring, apply_s, on_sample)
     app = NvmonApp(MqttSettings(url=url), cluster=cluster, source="bench", state=state)
     redraw = app.refresh_data  # the 1 s timer's callback, wrapped before on_mount binds it
 

@@ -17,6 +17,7 @@ import random
 import time
 import uuid as _uuid
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 from nvmon.sim.profiles import PROFILES, BoardProfile
@@ -122,6 +123,19 @@ class SimGpu:
     energy_base_mj: int
     pcie_base: tuple[int, int]
     replay_base: int
+
+
+def _pieces(points: list[float], value: Callable[[float], Any]) -> list[tuple[float, float, Any]]:
+    """[(start, end, value)] spans between sorted breakpoints (the last ends at INF), the value taken
+    at each span's start; neighbours with equal values are merged into one span."""
+    pieces: list[tuple[float, float, Any]] = []
+    for a, b in zip(points, points[1:] + [INF]):
+        v = value(a)
+        if pieces and pieces[-1][2] == v:
+            pieces[-1] = (pieces[-1][0], b, v)
+        else:
+            pieces.append((a, b, v))
+    return pieces
 
 
 class SimBoard:
@@ -351,14 +365,7 @@ class SimBoard:
         key = ("energy", gpu)
         if key not in self._cache:
             pts = self._breakpoints("power_cap", lambda f: f.gpu == gpu)
-            pieces: list[tuple[float, float, tuple[float, float, float, float]]] = []
-            for a, b in zip(pts, pts[1:] + [INF]):
-                shape = self._power_shape(gpu, a)
-                if pieces and pieces[-1][2] == shape:
-                    pieces[-1] = (pieces[-1][0], b, shape)
-                else:
-                    pieces.append((a, b, shape))
-            self._cache[key] = pieces
+            self._cache[key] = _pieces(pts, lambda a: self._power_shape(gpu, a))
         return self._cache[key]  # type: ignore[return-value]
 
     def energy_mj(self, gpu: int, t: float) -> int:
@@ -441,14 +448,8 @@ class SimBoard:
         if key not in self._cache:
             pts = sorted(set(self._breakpoints("ib_down", lambda f: self.ib_index(f.port) == i))
                          | set(self._breakpoints("ib_rate", lambda f: self.ib_index(f.port) == i)))
-            pieces: list[tuple[float, float, float]] = []
-            for a, b in zip(pts, pts[1:] + [INF]):
-                rate = 0.0 if self._ib_faults("ib_down", i, a) else self.ib_state(i, a)[2]
-                if pieces and pieces[-1][2] == rate:
-                    pieces[-1] = (pieces[-1][0], b, rate)
-                else:
-                    pieces.append((a, b, rate))
-            self._cache[key] = pieces
+            self._cache[key] = _pieces(
+                pts, lambda a: 0.0 if self._ib_faults("ib_down", i, a) else self.ib_state(i, a)[2])
         return self._cache[key]  # type: ignore[return-value]
 
     def ib_words(self, i: int, t: float) -> tuple[int, int]:
