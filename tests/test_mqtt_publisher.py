@@ -19,7 +19,7 @@ import pytest
 
 from mqtt_broker import Broker, Recorder, free_port, make_tls, needs_mosquitto, needs_openssl, wait_until
 from nvmon.wire.contract import Alert, AlertSet, Inventory, Status, Tick
-from nvmon.wire.mqtt import Backoff, MqttSettings, Publisher
+from nvmon.wire.mqtt import Backoff, MqttSettings, Publisher, make_client, write_at_once
 from nvmon.wire.payloads import inventory_payload, parse_message
 from samplefactory import healthy_sample
 
@@ -88,6 +88,34 @@ async def test_announces_retained_status_and_inventory_then_samples(tmp_path):
                 assert isinstance(tick, Tick) and tick.layout == iv.layout and len(tick.gpus) == 8
         stats = pub.stats
         assert stats.connects == 1 and stats.errors == 0 and not stats.connected
+
+
+async def test_packets_go_out_as_they_are_published_and_a_full_socket_falls_back_to_the_loop(tmp_path):
+    """write_at_once: a packet is on the socket before paho's publish() returns (stock aiomqtt
+    waits for a later loop turn); what the socket cannot take at once is finished by the loop."""
+    with Broker(tmp_path) as broker:
+        async with Recorder(broker.url, "wat/#") as rec:
+            client = make_client(MqttSettings(url=broker.url, timeout_s=10), client_id="wat")
+            async with client:
+                paho = client._client
+                assert not paho.publish("wat/stock", b"s" * 1900, 0).is_published()  # queued for the loop
+                await wait_until(lambda: rec.on("stock"), what="the stock publish")
+                to_loop = []  # packets handed to aiomqtt's writer callback
+                stock = paho.on_socket_register_write
+                paho.on_socket_register_write = lambda *a: (to_loop.append(1), stock(*a))
+                write_at_once(client)
+                info = paho.publish("wat/small", b"x" * 1900, 0)
+                assert info.is_published() and not paho.want_write()
+                await client.publish("wat/sample", b"y" * 1900, qos=0)
+                await client.publish("wat/status", b"z" * 300, qos=1, retain=True)
+                assert to_loop == []
+                big = os.urandom(16 << 20)  # far more than a socket buffer takes at once
+                await client.publish("wat/big", big, qos=0)
+                assert to_loop and not paho.want_write()
+            await wait_until(lambda: len(rec.messages) == 5, timeout=10, what="every message")
+    got = {m.topic: m.payload for m in rec.messages}
+    assert got["wat/small"] == b"x" * 1900 and got["wat/sample"] == b"y" * 1900
+    assert got["wat/status"] == b"z" * 300 and got["wat/big"] == big
 
 
 async def test_cancel_publishes_offline_and_disconnects_within_a_second(tmp_path):

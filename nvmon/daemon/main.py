@@ -1,23 +1,26 @@
 """`nvmon daemon`: sample → store / publish, in one asyncio TaskGroup, for months, unattended.
 
-    sampler ──► store queue ──► store writer (SQLite, in a thread; backlog + retry when unwritable)
-            └─► wire queue  ──► publisher (MQTT; reconnects; newest samples only while away)
-    maintenance (rollups, pruning) · watchdog (sd_notify, only while the sampler is alive)
-            └─► Prometheus exporter (optional): gets a reference to each sample; its HTTP thread
-                renders /metrics from it on demand (nvmon/export/prometheus.py)
+    sampler thread ──► loop ──► store writer thread (SQLite; maintenance; backlog + retry when unwritable)
+                            ├─► wire queue ──► publisher (MQTT; reconnects; newest samples only while away)
+                            ├─► alert rules · watchdog (sd_notify, only while samples arrive)
+                            └─► Prometheus exporter (optional): gets a reference to each sample; its HTTP
+                                thread renders /metrics from it on demand (nvmon/export/prometheus.py)
 
-Blocking work (NVML, sysfs, SQLite) runs in threads via asyncio.to_thread; the loop only moves
-immutable Samples. Every failure is local: a collector error skips a tick, an unwritable database
-keeps a bounded backlog and retries, a missing broker never stops sampling or storing.
+Blocking work runs in threads: NVML and sysfs in the sampler thread, which keeps its own drift-free
+tick grid, and SQLite in the store writer's thread (nvmon/daemon/storewriter.py). The loop only
+moves immutable Samples, and wakes once per tick: on a VM every wake-up (a thread hand-off, a
+timer) costs a few tenths of a millisecond, as much as a whole step of the pipeline. Every failure
+is local: a collector error skips a tick, an unwritable database keeps a bounded backlog and
+retries, a missing broker never stops sampling or storing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -25,6 +28,7 @@ from nvmon import __version__
 from nvmon.collect.node import NodeSampler, load_real_pynvml
 from nvmon.daemon import sdnotify
 from nvmon.daemon.config import ConfigError, DaemonConfig
+from nvmon.daemon.storewriter import StoreWriter
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec, parse_expect_ib
 
@@ -34,17 +38,15 @@ STORE_BACKLOG = 120  # ticks kept in memory while the database is unwritable (~1
 WIRE_QUEUE = 4  # only the newest samples matter on the wire
 MAINTAIN_EVERY_S = 60.0
 FLUSH_ON_STOP_S = 1.0
+SAMPLER_JOIN_S = 0.5  # on stop: the sampler thread finishing its tick before NVML is shut down
 HOOKS_DRAIN_S = 3.0  # on stop: time for queued notifications (retries included) to go out
 
 
 @dataclass(slots=True)
 class DaemonStats:
     ticks: int = 0
-    missed_ticks: int = 0
+    missed_ticks: int = 0  # written by the sampler thread only
     sample_errors: int = 0
-    stored: int = 0
-    store_errors: int = 0
-    store_dropped: int = 0
     wire_dropped: int = 0
     sample_seconds: float = 0.0  # how long the latest sampler.sample() took
     sample_seconds_total: float = 0.0  # summed over `ticks`
@@ -78,15 +80,17 @@ class Daemon:
         self.sim_node = None
         self.sampler: NodeSampler | None = None
         self.store = None
+        self.writer: StoreWriter | None = None
         self.publisher = None
         self.exporter = None
         self.alerts = None  # DaemonAlerts (nvmon/daemon/alerting.py); None when [alerts] enabled = false
         self.notifier = None  # an nvmon.alerts.engine.Notifier (the hooks); None: nobody is paged
-        self.store_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=STORE_BACKLOG)
         self.wire_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=WIRE_QUEUE)
         self._last_tick = 0.0
         self._inventory: tuple[str, bytes] | None = None  # (layout id, payload)
         self._stop = asyncio.Event()
+        self._stopping = False  # set on shutdown: late samples are ignored
+        self._sampler_thread: threading.Thread | None = None
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -136,23 +140,19 @@ class Daemon:
         """The daemon's own counters for the exporter (called from its HTTP thread: reads only)."""
         from nvmon.export.prometheus import DaemonHealth
 
-        st = self.stats
+        st, w = self.stats, self.writer
         pub = self.publisher.stats if self.publisher is not None else None
         return DaemonHealth(
             ticks=st.ticks, missed_ticks=st.missed_ticks, sample_errors=st.sample_errors,
-            sample_seconds=st.sample_seconds, sample_seconds_total=st.sample_seconds_total, stored=st.stored,
-            store_errors=st.store_errors, store_dropped=st.store_dropped, wire_dropped=st.wire_dropped,
+            sample_seconds=st.sample_seconds, sample_seconds_total=st.sample_seconds_total,
+            stored=w.stored if w else 0, store_errors=w.errors if w else 0, store_dropped=w.dropped if w else 0,
+            wire_dropped=st.wire_dropped,
             mqtt_connected=None if pub is None else pub.connected,
             mqtt_published=pub.published if pub else 0, mqtt_errors=pub.errors if pub else 0,
             mqtt_dropped=pub.dropped if pub else 0,
             alerts=self.alerts.counts if self.alerts is not None else None,
             hooks=tuple((h.name, h.type, h.sent, h.failed, h.dropped) for h in self.notifier.stats())
             if hasattr(self.notifier, "stats") else ())
-
-    def _timed_sample(self) -> tuple[Sample, float]:
-        t0 = time.perf_counter()
-        sample = self.sampler.sample()
-        return sample, time.perf_counter() - t0
 
     def node_spec(self) -> NodeSpec:
         e = self.cfg.expect
@@ -176,97 +176,76 @@ class Daemon:
     # -- tasks ---------------------------------------------------------------------------------
 
     async def _sample_loop(self) -> None:
+        """Run the sampler thread until cancelled."""
         loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        self._sampler_thread = threading.Thread(target=self._sampling, args=(loop, stop),
+                                                name=f"nvmon-sampler-{self.node}", daemon=True)
+        self._sampler_thread.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stop.set()
+
+    def _sampling(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+        """The sampler thread: a sample per slot of a fixed grid, each handed to the loop."""
         interval = self.cfg.sampling.interval_s
-        next_t = loop.time()
-        while True:
+        next_t = time.monotonic()
+        while not stop.is_set():
+            t0 = time.perf_counter()
             try:
-                sample, took = await asyncio.to_thread(self._timed_sample)
-            except Exception:  # a collector bug must cost one tick, not the daemon
-                self.stats.sample_errors += 1
-                if self.stats.sample_errors in (1, 10, 100) or self.stats.sample_errors % 1000 == 0:
-                    log.exception("sampling failed (%d times so far)", self.stats.sample_errors)
-            else:
-                self.latest = sample
-                self.stats.ticks += 1
-                self.stats.sample_seconds = took
-                self.stats.sample_seconds_total += took
-                if self.exporter is not None:
-                    self.exporter.update(sample)
-                self._last_tick = loop.time()
-                if _put_newest(self.store_q, sample):
-                    self.stats.store_dropped += 1
-                if self.publisher is not None and _put_newest(self.wire_q, sample):
-                    self.stats.wire_dropped += 1
-                if self.alerts is not None:
-                    self.alerts.tick(sample)  # never raises; ≤ 1 ms
+                result: Sample | Exception = self.sampler.sample()
+            except Exception as e:  # a collector bug must cost one tick, not the daemon
+                result = e
+            took = time.perf_counter() - t0
+            try:
+                loop.call_soon_threadsafe(self._on_sample, result, took)
+            except RuntimeError:  # the loop is closed: the daemon is gone
+                return
             # Drift-free: ticks sit on a fixed grid; when late (slow driver, suspended VM) skip
             # the missed slots instead of bursting to catch up.
             next_t += interval
-            now = loop.time()
+            now = time.monotonic()
             if next_t <= now:
                 missed = int((now - next_t) // interval) + 1
                 next_t += missed * interval
                 self.stats.missed_ticks += missed
-            await asyncio.sleep(next_t - now)
+            stop.wait(next_t - now)
 
-    async def _store_loop(self) -> None:
-        from nvmon.store import StoreError
-
-        loop = asyncio.get_running_loop()
-        backlog: collections.deque[Sample] = collections.deque()
-        opened = failing = False
-        retry_at, backoff, last_report = 0.0, 2.0, 0.0
-        while True:
-            backlog.append(await self.store_q.get())
-            while not self.store_q.empty():
-                backlog.append(self.store_q.get_nowait())
-            while len(backlog) > STORE_BACKLOG:
-                backlog.popleft()
-                self.stats.store_dropped += 1
-            if loop.time() < retry_at:
-                continue
-            try:
-                if not opened:
-                    await asyncio.to_thread(self.store.open)
-                    opened = True
-                batch = list(backlog)
-                await asyncio.to_thread(self.store.write_many, batch)
-            except StoreError as e:
-                self.stats.store_errors += 1
-                now = loop.time()
-                if not failing or now - last_report > 60:
-                    log.error("store: %s; keeping up to %d ticks in memory and retrying", e, STORE_BACKLOG)
-                    last_report = now
-                failing = True
-                retry_at, backoff = now + backoff, min(backoff * 2, 30.0)
-                continue
-            self.stats.stored += len(batch)
-            backlog.clear()
-            if failing:
-                log.warning("store: writable again; wrote %d queued ticks (%d dropped while failing)",
-                            len(batch), self.stats.store_dropped)
-                failing, backoff = False, 2.0
-
-    async def _maintain_loop(self) -> None:
-        from nvmon.store import StoreError
-
-        while True:
-            await asyncio.sleep(MAINTAIN_EVERY_S)
-            try:
-                await asyncio.to_thread(self.store.maintain, time.time())
-            except StoreError as e:
-                log.error("store maintenance: %s", e)
+    def _on_sample(self, result: Sample | Exception, took: float) -> None:
+        """On the loop, once per tick: hand the sample to the store, the wire and the rules."""
+        if self._stopping:
+            return
+        if isinstance(result, Exception):
+            self.stats.sample_errors += 1
+            if self.stats.sample_errors in (1, 10, 100) or self.stats.sample_errors % 1000 == 0:
+                log.error("sampling failed (%d times so far)", self.stats.sample_errors, exc_info=result)
+            return
+        sample = result
+        self.latest = sample
+        self.stats.ticks += 1
+        self.stats.sample_seconds = took
+        self.stats.sample_seconds_total += took
+        self._last_tick = time.monotonic()
+        try:
+            self.writer.put(sample)
+            if self.exporter is not None:
+                self.exporter.update(sample)
+            if self.publisher is not None and _put_newest(self.wire_q, sample):
+                self.stats.wire_dropped += 1
+            if self.alerts is not None:
+                self.alerts.tick(sample)  # never raises; ≤ 1 ms
+        except Exception:  # a bug in one consumer must not stop the ticks
+            log.exception("handing out a sample failed")
 
     async def _watchdog_loop(self) -> None:
         """Ping systemd's watchdog only while ticks are flowing: a hung NVML call gets us restarted."""
         period = None if self.embedded else sdnotify.watchdog_interval_s()
         if period is None:
             return
-        loop = asyncio.get_running_loop()
         stale_after = max(3 * self.cfg.sampling.interval_s, 5.0)
         while True:
-            if loop.time() - self._last_tick < stale_after:
+            if time.monotonic() - self._last_tick < stale_after:
                 sdnotify.watchdog()
             await asyncio.sleep(period / 2)
 
@@ -325,6 +304,8 @@ class Daemon:
         if not status.available:
             log.warning("NVML unavailable: %s; sampling InfiniBand/PCIe/host only", status.error)
         self.store = self._make_store()
+        self.writer = StoreWriter(self.store, backlog=STORE_BACKLOG, maintain_every_s=MAINTAIN_EVERY_S,
+                                  name=f"nvmon-store-{self.node}")
         self.publisher = self._make_publisher()
         dispatcher = None
         if self.cfg.hooks:
@@ -355,9 +336,8 @@ class Daemon:
         hooks_task = asyncio.create_task(dispatcher.run(), name="hooks") if dispatcher is not None else None
         try:
             async with asyncio.TaskGroup() as tg:
+                self.writer.start()
                 tg.create_task(self._sample_loop(), name="sampler")
-                tg.create_task(self._store_loop(), name="store")
-                tg.create_task(self._maintain_loop(), name="maintain")
                 tg.create_task(self._watchdog_loop(), name="watchdog")
                 if self.alerts is not None:
                     tg.create_task(self.alerts.persist_loop(), name="alerts.persist")
@@ -385,35 +365,33 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         """Flush what is queued to the store (bounded time), then release hardware and files."""
+        self._stopping = True
         if self.exporter is not None:  # stop answering scrapes first: the node is going away
             await asyncio.to_thread(self.exporter.stop)
-        pending = []
-        while not self.store_q.empty():
-            pending.append(self.store_q.get_nowait())
-        if pending and self.store is not None:
-            try:
-                await asyncio.wait_for(asyncio.to_thread(self._flush, pending), FLUSH_ON_STOP_S)
-            except (TimeoutError, Exception) as e:  # noqa: BLE001 - shutting down: report, never hang
-                log.error("store flush on stop: %s", e)
+        sampler_idle = True
+        if self._sampler_thread is not None:  # its stop event is set: it ends after this tick
+            await asyncio.to_thread(self._sampler_thread.join, SAMPLER_JOIN_S)
+            sampler_idle = not self._sampler_thread.is_alive()
+        store_idle = True
+        if self.writer is not None:
+            store_idle = await asyncio.to_thread(self.writer.stop, FLUSH_ON_STOP_S)
+            if not store_idle:
+                log.error("store flush on stop: still writing after %.1f s; exiting without it", FLUSH_ON_STOP_S)
         if self.alerts is not None and self.store is not None:
             try:
                 await asyncio.wait_for(asyncio.to_thread(self.alerts.flush), FLUSH_ON_STOP_S)
             except (TimeoutError, Exception) as e:  # noqa: BLE001 - shutting down: report, never hang
                 log.error("alerts flush on stop: %s", e)
-        if self.store is not None:
+        if self.store is not None and store_idle:
             await asyncio.to_thread(self.store.close)
         if self.sampler is not None:
-            self.sampler.close()
-        if self.sim_node is not None:
+            if sampler_idle:
+                self.sampler.close()
+            else:  # stuck in a driver call: shutting NVML down under it could crash the process
+                log.error("sampler still busy after %.1f s (a hung driver call?); exiting without closing NVML",
+                          SAMPLER_JOIN_S)
+        if self.sim_node is not None and sampler_idle:
             self.sim_node.close()
+        w = self.writer
         log.info("stopped after %d ticks (%d stored, %d missed, %d sampling errors)", self.stats.ticks,
-                 self.stats.stored, self.stats.missed_ticks, self.stats.sample_errors)
-
-    def _flush(self, samples: list[Sample]) -> None:
-        from nvmon.store import StoreError
-
-        try:
-            self.store.open()
-            self.store.write_many(samples)
-        except StoreError as e:
-            log.error("store flush on stop: %s", e)
+                 w.stored if w else 0, self.stats.missed_ticks, self.stats.sample_errors)

@@ -17,6 +17,7 @@ import json
 import logging
 import random
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -136,6 +137,35 @@ def make_client(settings: MqttSettings, *, client_id: str, will: tuple[str, byte
         keepalive=settings.keepalive_s, timeout=settings.timeout_s, tls_context=settings.tls_context(),
         will=None if will is None else aiomqtt.Will(topic=will[0], payload=will[1], qos=1, retain=True),
     )
+
+
+def write_at_once(client: aiomqtt.Client) -> None:
+    """Make a connected client send each packet as it is queued, instead of on a later loop turn.
+
+    aiomqtt 2.x has paho ask the event loop for a writer callback for every packet: a
+    call_soon_threadsafe (a self-pipe write and a wake-up), an epoll registration, a callback and an
+    unregistration per message, about 0.35 ms of CPU for each 1 Hz sample on a VM, a third of
+    what publishing costs. Once connected, aiomqtt calls into paho only from the loop thread, so
+    the packet can be written straight away, as paho does itself when it owns the loop (and, as
+    it does, not while one of paho's callbacks runs). What the socket does not take at once (a
+    full send buffer, TLS wanting to read) is left to aiomqtt's writer callback, as before; so
+    are errors, which that callback reports.
+    """
+    paho = client._client  # aiomqtt 2.x keeps its paho client here (pinned; see the module doc)
+    register = paho.on_socket_register_write
+    loop_thread = threading.get_ident()
+    in_callback = paho._in_callback_mutex
+
+    def register_write(c, userdata, sock) -> None:
+        if threading.get_ident() == loop_thread and in_callback.acquire(False):
+            in_callback.release()
+            with contextlib.suppress(Exception):  # left to aiomqtt's callback, which reports it
+                c.loop_write()  # paho unregisters the socket when everything went out
+            if not c.want_write():
+                return
+        register(c, userdata, sock)
+
+    paho.on_socket_register_write = register_write
 
 
 _AUTH_HINT = " (check username and password_file)"
@@ -313,6 +343,7 @@ class Publisher:
         await client.__aenter__()  # explicit enter/exit: the exit must be bounded when stopping
         try:
             raise_if_cancelled()  # a cancel swallowed by the connect: say goodbye and stop
+            write_at_once(client)
             self._client = client
             self._connects += 1
             self._last_logged = None
