@@ -15,12 +15,13 @@ Two hardware facts shape the rules:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 from nvmon import xid as xids
-from nvmon.model import GpuSample, IbPortSample, Sample, to_jsonable
+from nvmon.model import GpuSample, IbPortSample, Sample, Topology, to_jsonable
 from nvmon.specs import IB_RATE_NAMES, GpuSpec, NodeSpec, gpu_spec_for
 
 SEVERITIES = ("critical", "warning", "info")  # most severe first
@@ -182,6 +183,8 @@ def _check_nvlink(gpu: GpuSample, spec: GpuSpec, t: Thresholds) -> list[Finding]
 def _check_nvlink_errors(gpu: GpuSample) -> list[Finding]:
     out = []
     for link in gpu.nvlink:
+        if not any(link.errors_delta.values()):  # the rule: nothing rose (values are None or ≥ 0)
+            continue
         rising = _rising(link.errors_delta)
         if rising:
             what = ", ".join(f"{k} +{v}" for k, v in rising.items())
@@ -273,7 +276,11 @@ def _nv_count(cell: str) -> int:
 
 def describe_board(sample: Sample) -> str:
     """The board's NVLink topology class in words, e.g. for `nvlink.board`."""
-    topo = sample.topology
+    return _describe_topology(sample.topology)
+
+
+@functools.lru_cache(maxsize=32)  # the alert rules ask every tick; a node's topology rarely changes
+def _describe_topology(topo: Topology) -> str:
     cls = topo.class_
     pairs = [(i, j, _nv_count(row[j])) for i, row in enumerate(topo.matrix)
              for j in range(i + 1, len(row)) if _nv_count(row[j])]

@@ -183,3 +183,24 @@ def test_duration_and_matcher_parsing():
     for bad in ("0h", "-1h", "2 hours"):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+def test_others_wrote_tells_a_silence_from_another_process_and_ignores_our_own_writes(store, tmp_path):
+    """The daemon re-reads acks and silences only when another connection committed (PRAGMA
+    data_version), so its own tick writes must not count and `nvmon alerts` writes must."""
+    t = 1_700_000_000.0
+    store.write_many([replace(healthy_sample(), ts=t)])
+    store.alert_controls(t)
+    assert not store.others_wrote
+    for i in range(1, 4):  # our own ticks and alert saves
+        store.write_many([replace(healthy_sample(), ts=t + i)])
+        store.save_alerts([rec()], t + i)
+    assert not store.others_wrote
+    other = Store(tmp_path / "nvmon.db")  # what `nvmon alerts silence` does
+    other.transact(lambda conn: db.add_silence(conn, {"node": "n1"}, t, t + 3600, "bob", "maintenance"))
+    other.close()
+    assert not store.others_wrote  # noticed at our next write
+    store.write_many([replace(healthy_sample(), ts=t + 5)])
+    assert store.others_wrote
+    acks, silences = store.alert_controls(t + 5)
+    assert not store.others_wrote and [s.matchers for s in silences] == [{"node": "n1"}]

@@ -74,6 +74,7 @@ class NodeSampler:
     def close(self) -> None:
         if self.nvml is not None:
             self.nvml.close()
+        self.ib.close()
 
     def sample(self) -> Sample:
         if self.before_tick is not None:

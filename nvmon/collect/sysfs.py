@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from nvmon.collect.attrfiles import AttrFiles, read_path
 from nvmon.collect.counters import CounterTracker
 from nvmon.model import IbPortSample, PciDeviceLink, PcieLink
 
@@ -133,17 +134,8 @@ def sysfs_to_nvml_bdf(bdf: str) -> str | None:
 # --- file access ------------------------------------------------------------------------------
 
 
-def _read_bytes(path: str) -> bytes:
-    """One sysfs attribute. os.open/os.read: a fraction of `open()`'s cost, and this runs ~100×/s."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
-
-
 def _read(path: str) -> str:
-    return _read_bytes(path).decode("utf-8", "replace")
+    return read_path(path).decode("utf-8", "replace")
 
 
 def _try_read(path: str) -> str | None:
@@ -167,11 +159,11 @@ def _read_error(label: str, e: OSError) -> str:
     return f"{label} unreadable ({e.strerror or type(e).__name__})"
 
 
-def _read_counter(path: str, label: str, notes: list[str]) -> int | None:
+def _read_counter(path: str, label: str, notes: list[str], read: Callable[[str], bytes] = read_path) -> int | None:
     """A "%u" counter attribute. A missing or unreadable file, old kernels' "N/A (no PMA)" or
     anything else that is not a number leaves a note and gives None."""
     try:
-        raw = _read_bytes(path)
+        raw = read(path)
     except OSError as e:
         notes.append(_read_error(label, e))
         return None
@@ -264,6 +256,7 @@ class _PortStatic:
     data_64bit: bool  # proven 64-bit: counters_ext, or a value above 2**32-1 seen
     port_dir: str
     errors: tuple[tuple[str, str, int], ...]  # (kind, counter file, width in bits), IB_ERROR_WIDTHS order
+    watch: tuple[str, ...]  # the directories of the per-tick files (see nvmon/collect/attrfiles.py)
     notes: tuple[str, ...] = ()  # failures here make the next tick read the statics again
 
 
@@ -300,6 +293,7 @@ def _read_port_static(dev_dir: str, port_dir: str) -> _PortStatic:
         tx_path=data.format("xmit"), rx_path=data.format("rcv"), data_64bit=has_ext,
         port_dir=port_dir, notes=tuple(notes),
         errors=tuple((kind, f"{port_dir}/counters/{kind}", width) for kind, width in IB_ERROR_WIDTHS.items()),
+        watch=(port_dir, port_dir + "/counters") + ((port_dir + "/counters_ext",) if has_ext else ()),
     )
 
 
@@ -312,8 +306,8 @@ class IbCollector:
     Keeps per-port static facts and the previous counter readings, so rates need two ticks.
     The device directory is listed every tick (an HCA added or removed shows at once); each
     device's ports are listed again only when the devices change, every LINK_REFRESH_TICKS
-    ticks, or after a port's file went missing.
-    Not thread-safe: one collector per sampling loop.
+    ticks, or after a port's file went missing. A port's per-tick files stay open and are re-read
+    with pread (AttrFiles). Not thread-safe: one collector per sampling loop; `close()` at the end.
     """
 
     def __init__(self, root: Path | str) -> None:
@@ -324,7 +318,12 @@ class IbCollector:
         self._devs: list[str] | None = None  # the device listing the port list was built from
         self._ports: list[tuple[str, str, int]] = []  # (device, device dir, port), sorted
         self._parsed: dict[tuple[str, bytes], Any] = {}  # state/phys_state/rate text → parsed
+        self._files = AttrFiles()
         self._ticks = 0
+
+    def close(self) -> None:
+        """Close the attribute files kept open (the collector may be used again)."""
+        self._files.close()
 
     def _scan(self, devs: list[str]) -> list[tuple[str, str, int]]:
         ports = []
@@ -336,6 +335,7 @@ class IbCollector:
         for key in [k for k in self._static if k not in seen]:  # port gone: forget its history
             del self._static[key]
             self._tracker.forget(key)
+        self._files.keep_only(seen)
         return ports
 
     def collect(self, ts: float) -> tuple[IbPortSample, ...]:
@@ -355,10 +355,11 @@ class IbCollector:
             self._devs = None  # a port may be gone: list the ports again next tick
         return out
 
-    def _text(self, path: str, label: str, parse: Callable[[str], T | None], notes: list[str]) -> T | None:
+    def _text(self, path: str, label: str, parse: Callable[[str], T | None], notes: list[str],
+              read: Callable[[str], bytes]) -> T | None:
         """A state/phys_state/rate attribute, parsed; the few texts a port shows are parsed once."""
         try:
-            raw = _read_bytes(path)
+            raw = read(path)
         except OSError as e:
             notes.append(_read_error(label, e))
             return None
@@ -388,19 +389,24 @@ class IbCollector:
             self._static[key] = st
         notes = list(st.notes)
         port_dir = st.port_dir
+        files = self._files
+        files.begin(key, st.watch)
 
-        state = self._text(port_dir + "/state", "state", parse_ib_state, notes)
-        phys = self._text(port_dir + "/phys_state", "phys_state", parse_phys_state, notes)
-        rate = self._text(port_dir + "/rate", "rate", parse_ib_rate, notes)
+        def read(path: str) -> bytes:
+            return files.read(key, path)
 
-        tx = self._data_rate(st, key, "port_xmit_data", st.tx_path, ts, notes)
-        rx = self._data_rate(st, key, "port_rcv_data", st.rx_path, ts, notes)
+        state = self._text(port_dir + "/state", "state", parse_ib_state, notes, read)
+        phys = self._text(port_dir + "/phys_state", "phys_state", parse_phys_state, notes, read)
+        rate = self._text(port_dir + "/rate", "rate", parse_ib_rate, notes, read)
+
+        tx = self._data_rate(st, key, "port_xmit_data", st.tx_path, ts, notes, read)
+        rx = self._data_rate(st, key, "port_rcv_data", st.rx_path, ts, notes, read)
 
         errors: dict[str, int | None] = {}
         deltas: dict[str, int | None] = {}
         delta = self._tracker.delta
         for kind, path, width in st.errors:
-            v = _read_counter(path, kind, notes)
+            v = _read_counter(path, kind, notes, read)
             errors[kind] = v
             deltas[kind] = delta((dev, port, kind), v, ts, width_bits=width, saturates=True)[0]
             if v is not None and v >= (1 << width) - 1:
@@ -427,10 +433,10 @@ class IbCollector:
 
     def _data_rate(
         self, st: _PortStatic, key: tuple[str, int], label: str, path: str, ts: float,
-        notes: list[str],
+        notes: list[str], read: Callable[[str], bytes],
     ) -> float | None:
         """Bytes/s from a data counter in 4-octet words (ABI: "divided by 4 (lanes)")."""
-        v = _read_counter(path, label, notes)
+        v = _read_counter(path, label, notes, read)
         if v is not None and v > U32_MAX:
             st.data_64bit = True  # a 32-bit counter can never exceed this
         if st.data_64bit:

@@ -30,6 +30,7 @@ from nvmon.wire.contract import control_topic
 log = logging.getLogger("nvmon.alerts")
 
 CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts` are honoured within this
+CONTROLS_REREAD_S = 60.0  # the database's acks and silences are re-read at least this often
 
 
 def _where(r: AlertRecord) -> str:
@@ -65,6 +66,7 @@ class DaemonAlerts:
         # Acks and silences: the node's own (SQLite, `nvmon alerts`) and the cluster's shared set
         # (retained on MQTT, heard on the publisher's connection), merged for the engine.
         self._local: tuple[dict, list] = ({}, [])
+        self._local_due = 0.0  # time.monotonic() when the database's controls are re-read anyway
         self.shared = SharedControls(on_change=self._wake.set)
         if publisher is not None and hasattr(publisher, "listen"):
             publisher.listen(control_topic(cfg.node.cluster), self.shared.apply)
@@ -156,8 +158,12 @@ class DaemonAlerts:
                 if not self._restored:
                     await self._restore()
                 await self._unsaved.save(self.store, self.clock())
-                self._local = await asyncio.to_thread(self.store.alert_controls, self.clock())
-                self.apply_controls()
+                # Only when another process wrote (`nvmon alerts ack`): a thread hand-off every
+                # 2 s would cost more CPU than the rules themselves.
+                if self.store.others_wrote or time.monotonic() >= self._local_due:
+                    self._local = await asyncio.to_thread(self.store.alert_controls, self.clock())
+                    self._local_due = time.monotonic() + CONTROLS_REREAD_S
+                    self.apply_controls()
             except StoreError as e:
                 retry_at = outage.failed(e) + 5.0
                 continue

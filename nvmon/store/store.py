@@ -68,6 +68,11 @@ class Store:
         self._seen: list | None = None  # every signature of the last committed tick (see _note_facts)
         self._ports: dict[tuple[str, int], int] = {}  # (device, port) → ib_ports.id
         self._state: dict[str, Any] = {}
+        # Did another connection (`nvmon alerts ack`, a second writer) commit since alert_controls()
+        # last read? Noticed by write_many through PRAGMA data_version, which moves only on other
+        # connections' commits: the daemon re-reads its acks and silences only when this is set.
+        self.others_wrote = True
+        self._data_version: int | None = None
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -132,6 +137,7 @@ class Store:
         if self._conn is not None:
             _close_quietly(self._conn)
         self._conn = self._db = None
+        self._data_version = None  # a new connection counts from its own start
 
     def _load_caches(self, conn: sqlite3.Connection) -> None:
         self._facts = {
@@ -186,6 +192,9 @@ class Store:
                 conn.execute("BEGIN IMMEDIATE")
                 facts, ports, seen = self._write_samples(conn, samples)
                 conn.execute("COMMIT")
+                version = conn.execute("PRAGMA data_version").fetchone()[0]
+                if version != self._data_version:
+                    self._data_version, self.others_wrote = version, True
             except BaseException as exc:
                 if err := self._fail(exc):
                     raise err from None
@@ -360,9 +369,10 @@ class Store:
         return self.transact(lambda conn: alerts.load(conn, active_only=True))
 
     def alert_controls(self, now: float):
-        """(acks, silences) as `AlertEngine.set_controls` takes them."""
+        """(acks, silences) as `AlertEngine.set_controls` takes them. Clears `others_wrote`."""
         from nvmon.store import alerts
 
+        self.others_wrote = False  # before reading: a commit after this is noticed again
         return self.transact(lambda conn: alerts.controls(conn, now))
 
     # -- reading (the writer's own view; `nvmon history` uses nvmon.store.query read-only) ------
