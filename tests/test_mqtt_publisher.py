@@ -177,6 +177,39 @@ async def _raise(exc):
     raise exc
 
 
+async def test_a_cancel_swallowed_while_publishing_alerts_still_stops_the_caller(tmp_path, monkeypatch):
+    """The daemon's alert loop awaits publish_alerts() and then the next change: a cancel that
+    aiomqtt swallowed in the publish must still end it (it once hung a SIGTERM)."""
+    import aiomqtt
+    entered = asyncio.Event()
+    real_publish = aiomqtt.Client.publish
+
+    async def publish(self, topic, payload=None, **kw):
+        if topic.endswith("/alerts") and entered.is_set() is False and pub.stats.connects:
+            entered.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                pass  # the result wins over the cancel, as in the buggy wait_for
+        return await real_publish(self, topic, payload, **kw)
+
+    monkeypatch.setattr(aiomqtt.Client, "publish", publish)
+    with Broker(tmp_path) as broker:
+        pub = publisher(broker.url)
+        async with running(pub):
+            await wait_until(lambda: pub.stats.published >= 1, what="connected and publishing")
+
+            async def alert_loop():
+                await pub.publish_alerts([])
+                await asyncio.sleep(30)  # where the daemon waits for the next change
+
+            task = asyncio.create_task(alert_loop())
+            await asyncio.wait_for(entered.wait(), 5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 3)
+
+
 async def test_will_marks_node_offline_when_the_process_dies(tmp_path):
     script = """
 import asyncio, sys

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition, wire_alert
 from nvmon.alerts.model import AlertRecord
 from nvmon.alerts.rules import NodeRules
-from nvmon.alerts.persist import Outage, UnsavedAlerts, woken
+from nvmon.alerts.persist import Outage, UnsavedAlerts
 from nvmon.alerts.shared import SharedControls, merge
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec
@@ -29,7 +29,7 @@ from nvmon.wire.contract import control_topic
 
 log = logging.getLogger("nvmon.alerts")
 
-CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts` are honoured within this
+CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts` are honoured within this (+ a tick)
 CONTROLS_REREAD_S = 60.0  # the database's acks and silences are re-read at least this often
 
 
@@ -67,6 +67,7 @@ class DaemonAlerts:
         # (retained on MQTT, heard on the publisher's connection), merged for the engine.
         self._local: tuple[dict, list] = ({}, [])
         self._local_due = 0.0  # time.monotonic() when the database's controls are re-read anyway
+        self._housekeeping_at = 0.0  # time.monotonic() of the next tick that looks at controls
         self.shared = SharedControls(on_change=self._wake.set)
         if publisher is not None and hasattr(publisher, "listen"):
             publisher.listen(control_topic(cfg.node.cluster), self.shared.apply)
@@ -116,7 +117,24 @@ class DaemonAlerts:
                 self._notify_errors += 1
                 if self._notify_errors in (1, 100):
                     log.exception("alert notifier failed (%d times so far)", self._notify_errors)
+        self._housekeeping()
         return transitions
+
+    def _housekeeping(self) -> None:
+        """Every CONTROLS_EVERY_S, from a tick (the ticks are the clock: no timer of its own wakes
+        the loop): apply the acks and silences again (a silence may have ended), and wake the
+        persist loop when it has work: another process wrote acks or silences, the minutely re-read,
+        a retry of unsaved alerts, or the restore still to do."""
+        now = time.monotonic()
+        if now < self._housekeeping_at:
+            return
+        self._housekeeping_at = now + CONTROLS_EVERY_S
+        try:
+            self.apply_controls()
+        except Exception:  # noqa: BLE001 - as for evaluation: cost this round only
+            log.exception("alerts: applying acks and silences failed")
+        if self.store.others_wrote or now >= self._local_due or len(self._unsaved) or not self._restored:
+            self._wake.set()
 
     def wire_set(self):
         return [wire_alert(r) for r in self.engine.active()]
@@ -150,7 +168,8 @@ class DaemonAlerts:
     async def persist_loop(self) -> None:
         outage, retry_at = Outage(log, "alerts", "alerts: database back; alert state saved"), 0.0
         while True:
-            await woken(self._wake, CONTROLS_EVERY_S)
+            await self._wake.wait()  # set by the ticks' housekeeping, new dirty records, shared controls
+            self._wake.clear()
             self.apply_controls()  # shared ones apply even while the database is failing
             if time.monotonic() < retry_at:
                 continue

@@ -387,6 +387,7 @@ class Publisher:
     async def _publish(self, client: aiomqtt.Client, kind: str, payload: bytes) -> None:
         qos, retain = DELIVERY[kind]
         await client.publish(self.topics[kind], payload, qos=qos, retain=retain)
+        raise_if_cancelled()  # aiomqtt on 3.11 can swallow a cancel here: callers loop on (alerts)
 
     async def _announce(self, client: aiomqtt.Client) -> None:
         status = status_payload("online", version=self.version, interval_s=self.interval_s, ts=self.clock())
