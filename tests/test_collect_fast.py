@@ -146,3 +146,15 @@ def test_a_counter_going_backwards_is_no_rate_and_only_for_that_entry():
         again = clock.tick(s)
         assert again.gpus[5].nvlink[4].tx_bytes_per_s is not None
         assert all(lk.tx_bytes_per_s >= 0 for gs in again.gpus for lk in gs.nvlink)
+
+
+def test_nvlink_samples_are_built_positionally_in_field_order():
+    """`_assemble` passes NvLinkSample's fields by position (one map() over all links): a
+    reordered or added field must fail here, not shift values into the wrong fields."""
+    from dataclasses import fields
+
+    from nvmon.model import NvLinkSample
+
+    assert [f.name for f in fields(NvLinkSample)] == [
+        "link", "active", "version", "speed_mbps", "remote_type", "remote_pci_bus_id",
+        "tx_bytes_per_s", "rx_bytes_per_s", "errors", "errors_delta"]
