@@ -114,3 +114,38 @@ def test_ib_collector_keeps_port_files_open_and_closes_them(tmp_path, opens):
     assert not [p for p in opens if p.startswith(str(port))] and p.tx_bytes_per_s == pytest.approx(1e9)
     c.close()
     assert c._files.open_count == 0
+
+
+def test_a_process_wide_budget_bounds_the_descriptors_of_all_collectors(tmp_path):
+    """`nvmon demo` runs up to 200 nodes in one process: together they keep at most the budget
+    open, and the rest read by path; closing one hands its share back."""
+    (tmp_path / "c").write_text("1\n")
+    aged(tmp_path)
+    budget = attrfiles.FdBudget(share=1, cap=3)
+    many = [AttrFiles(budget=budget) for _ in range(5)]
+    for f in many:
+        f.begin("p", [str(tmp_path)])
+        assert f.read("p", str(tmp_path / "c")) == b"1\n"
+    assert [f.open_count for f in many] == [1, 1, 1, 0, 0] and budget.used == 3
+    many[0].close()
+    assert budget.used == 2
+    many[4].begin("p", [str(tmp_path)])
+    many[4].read("p", str(tmp_path / "c"))
+    assert many[4].open_count == 1 and budget.used == 3
+
+
+def test_simulated_counters_rewritten_in_place_through_kept_descriptors(tmp_path):
+    budget = attrfiles.FdBudget(share=1, cap=1)
+    files = st.OpenFiles(budget=budget)
+    a, b = tmp_path / "a", tmp_path / "b"
+    files.put(str(a), "9\n")
+    files.put(str(b), "5\n")  # past the budget: written by path
+    ino = a.stat().st_ino
+    files.put(str(a), "10\n")  # longer: in place, same file
+    assert a.read_text() == "10\n" and a.stat().st_ino == ino and budget.used == 1
+    files.put(str(a), "0\n")  # a reset, shorter: replaced whole (a reader never sees "0\n\n")
+    assert a.read_text() == "0\n" and a.stat().st_ino != ino and budget.used == 1
+    files.put(str(b), "6\n")
+    assert b.read_text() == "6\n"
+    files.close()
+    assert budget.used == 0

@@ -16,13 +16,47 @@ which then tells the real state (missing, unreadable).
 from __future__ import annotations
 
 import os
+import resource
+import threading
 import time
 from collections.abc import Iterable, Sequence
 
 # mtimes come from a coarse clock (one jiffy, ≤ 10 ms): a change within one step of the opening
 # could leave the time unchanged, so only times older than this before the opening are trusted.
 TRUST_AFTER_NS = 100_000_000
-MAX_OPEN = 512  # descriptors kept in all; past it, attributes are opened and closed each read
+MAX_OPEN = 512  # descriptors kept by one AttrFiles; past it, attributes are opened and closed each read
+
+
+class FdBudget:
+    """Descriptors that may be kept open across a whole process, by every user together: `nvmon
+    demo` runs up to 200 simulated nodes in one process, each with its own collector, and a
+    desktop's soft limit is often 1024. Past the budget, files are opened per read as before."""
+
+    def __init__(self, share: int, cap: int = 1024):
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ValueError, OSError):
+            soft = 1024
+        if soft == resource.RLIM_INFINITY or soft <= 0:
+            soft = cap * share
+        self.limit = min(cap, soft // share)
+        self.used = 0
+        self._lock = threading.Lock()  # collectors of several nodes run in several threads
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.used >= self.limit:
+                return False
+            self.used += 1
+            return True
+
+    def give(self, n: int = 1) -> None:
+        if n:
+            with self._lock:
+                self.used -= n
+
+
+FD_BUDGET = FdBudget(share=8)  # an eighth of the soft limit, at most 1024, for the collectors of a process
 
 
 def read_path(path: str) -> bytes:
@@ -48,8 +82,9 @@ class AttrFiles:
     """Open attribute descriptors by group. `begin(key, dirs)` once per group per tick, then
     `read(key, path)` for each of its files. Not thread-safe: one per collector."""
 
-    def __init__(self, max_open: int = MAX_OPEN):
+    def __init__(self, max_open: int = MAX_OPEN, budget: FdBudget = FD_BUDGET):
         self.max_open = max_open
+        self.budget = budget
         self._groups: dict[object, _Group] = {}
         self._open = 0
 
@@ -79,9 +114,13 @@ class AttrFiles:
             return read_path(path)
         fd = g.fds.get(path)
         if fd is None:
-            if self._open >= self.max_open:
+            if self._open >= self.max_open or not self.budget.take():
                 return read_path(path)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.budget.give()
+                raise
             g.fds[path] = fd
             self._open += 1
         try:
@@ -89,6 +128,7 @@ class AttrFiles:
         except OSError:  # ENODEV: the device went away under the descriptor
             del g.fds[path]
             self._open -= 1
+            self.budget.give()
             os.close(fd)
             return read_path(path)
 
@@ -111,4 +151,5 @@ class AttrFiles:
         for fd in g.fds.values():
             os.close(fd)
         self._open -= len(g.fds)
+        self.budget.give(len(g.fds))
         g.fds.clear()

@@ -50,6 +50,7 @@ class SimNode:
         self.sysfs_root = Path(root)
         self._last_state: dict[int, tuple] = {}
         self._last_counters: dict[int, dict[str, int]] = {}  # per IB port: the values in its files
+        self._counter_files = tree.OpenFiles()  # rewritten every tick: kept open
         self._write_tree()
 
     def _write_tree(self) -> None:
@@ -96,9 +97,10 @@ class SimNode:
             written = self._last_counters[i]
             changed = {k: v for k, v in self._counters(i, t).items() if written[k] != v}
             if changed:
-                tree.update_ib_counters(self.sysfs_root, dev, 1, changed)
+                tree.update_ib_counters(self.sysfs_root, dev, 1, changed, files=self._counter_files)
                 written.update(changed)
 
     def close(self) -> None:
+        self._counter_files.close()
         if self._own_root:
             shutil.rmtree(self.sysfs_root, ignore_errors=True)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nvmon.collect.attrfiles import FdBudget
+
 MELLANOX_VENDOR = 0x15B3
 NVIDIA_VENDOR = 0x10DE
 CLASS_INFINIBAND = 0x020700  # Network controller: Infiniband controller
@@ -195,12 +197,55 @@ def write_ib_port(
 
 
 def update_ib_counters(
-    root: Path | str, dev: str, port: int, counters: dict[str, int], *, ext: bool = False
+    root: Path | str, dev: str, port: int, counters: dict[str, int], *, ext: bool = False,
+    files: OpenFiles | None = None,
 ) -> None:
-    """Rewrite counter files ("%u"), in `counters/` or, with `ext`, `counters_ext/`."""
+    """Rewrite counter files ("%u"), in `counters/` or, with `ext`, `counters_ext/`. `files`: keep
+    them open between calls (a simulator rewriting them every tick)."""
     d = _port_dir(root, dev, port) + ("/counters_ext/" if ext else "/counters/")
+    put = _put if files is None else files.put
     for name, value in counters.items():
-        _put(d + name, f"{value}\n")
+        put(d + name, f"{value}\n")
+
+
+_SIM_FD_BUDGET = FdBudget(share=16, cap=512)  # for every simulated node of a process together
+
+
+class OpenFiles:
+    """Files kept open for in-place rewrites, as `_put` does them: a value at least as long as the
+    file's (a counter's text only grows) is one pwrite; a shorter one goes through `_put`'s
+    rename, and the new file is opened again. For a tree with one writer (a SimNode's). Past the
+    process's budget (`nvmon demo` runs up to 200 nodes), files are opened per write."""
+
+    def __init__(self, budget: FdBudget = _SIM_FD_BUDGET):
+        self.budget = budget
+        self._open: dict[str, tuple[int, int]] = {}  # path → (fd, length of the text in it)
+
+    def put(self, path: str, text: str) -> None:
+        data = text.encode("ascii")
+        kept = self._open.get(path)
+        if kept is not None:
+            fd, length = kept
+            if len(data) >= length:
+                os.pwrite(fd, data, 0)
+                self._open[path] = (fd, len(data))
+                return
+            del self._open[path]
+            os.close(fd)
+            self.budget.give()
+        _put(path, text)
+        if self.budget.take():
+            try:
+                self._open[path] = (os.open(path, os.O_WRONLY | os.O_CLOEXEC), len(data))
+            except OSError:
+                self.budget.give()
+                raise
+
+    def close(self) -> None:
+        for fd, _ in self._open.values():
+            os.close(fd)
+        self.budget.give(len(self._open))
+        self._open.clear()
 
 
 def update_ib_state(
