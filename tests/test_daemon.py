@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -271,3 +272,40 @@ def test_bad_config_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "nvmon", "daemon", "--sim", "hgx-h9"], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "unknown board profile" in r.stderr
+
+
+async def test_a_driver_call_that_never_returns_does_not_hold_up_the_stop(tmp_path, caplog):
+    """NVML hung inside the sampler thread: the store keeps what came before, the stop still
+    finishes in about a second, and NVML is not shut down under the stuck call."""
+    from nvmon.daemon.config import DaemonConfig
+    from nvmon.daemon.main import Daemon
+
+    cfg = DaemonConfig.model_validate({
+        "node": {"name": "n1"}, "sampling": {"sim": "hgx-h100", "interval_s": 0.2},
+        "store": {"path": str(tmp_path / "nvmon.db")}, "mqtt": {"broker": ""}})
+    d = Daemon(cfg, embedded=True)
+    run = asyncio.create_task(d.run())
+    deadline = time.monotonic() + 20
+    while d.writer is None or d.writer.stored < 3:
+        assert time.monotonic() < deadline and not run.done(), "no ticks stored"
+        await asyncio.sleep(0.05)
+    hung, released = threading.Event(), threading.Event()
+    real = d.sampler.sample
+
+    def stuck():
+        hung.set()
+        released.wait(30)
+        return real()
+
+    d.sampler.sample = stuck
+    await asyncio.to_thread(hung.wait, 5)
+    stored = d.writer.stored
+    t0 = time.monotonic()
+    d.request_stop()
+    assert await asyncio.wait_for(run, 5) == 0
+    took = time.monotonic() - t0
+    released.set()
+    assert took < 2.0, took
+    assert "sampler still busy" in caplog.text
+    rows = sqlite3.connect(tmp_path / "nvmon.db").execute("SELECT count(*) FROM ticks").fetchone()[0]
+    assert rows == stored >= 3

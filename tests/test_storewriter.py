@@ -106,3 +106,4 @@ def test_a_bug_in_the_store_is_logged_and_retried_not_fatal(caplog):
     w.put(2)
     assert w.stop(2.0)
     assert "unexpected error" in caplog.text and store.written == [1, 2]
+
