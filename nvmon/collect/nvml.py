@@ -71,6 +71,8 @@ class _Gpu:
     max_width: int | None = None
     link_count: int = 0
     links: list[_Link] = field(default_factory=list)
+    # The links' static facts as columns (number, version, remote type, remote bus id), for _assemble.
+    link_cols: tuple[tuple, tuple, tuple, tuple] = ((), (), (), ())
     unsupported: set[str] = field(default_factory=set)
     last: dict[str, Any] = field(default_factory=dict)  # rotated getter values, carried over
     notes: dict[str, str] = field(default_factory=dict)
@@ -240,6 +242,8 @@ class NvmlCollector:
                 bus = _text(rpci.busId) or ""
                 link.remote_bus_id = None if bus.upper() in F.SENTINEL_BUS_IDS else bus.upper()
             g.links.append(link)
+        g.link_cols = (tuple(lk.link for lk in g.links), tuple(lk.version for lk in g.links),
+                       tuple(lk.remote_type for lk in g.links), tuple(lk.remote_bus_id for lk in g.links))
         # "not supported" on a link that is not wired is normal, not a missing capability
         g.unsupported.discard("nvlink_remote_type")
         g.unsupported.discard("nvlink_remote_pci")
@@ -439,10 +443,10 @@ class NvmlCollector:
                 deltas = [error_map(rose[:k])] * n
             else:
                 deltas = [error_map(rose[i:i + k]) for i in range(0, n * k, k)]
+            nums, versions, remote_types, remote_ids = g.link_cols
             links = list(map(
-                NvLinkSample, [lk.link for lk in g.links], [None if st is None else st in (1, 3) for st in states],
-                [lk.version for lk in g.links], [sp or None for sp in ss[1::2]],
-                [lk.remote_type for lk in g.links], [lk.remote_bus_id for lk in g.links],
+                NvLinkSample, nums, [None if st is None else st in (1, 3) for st in states],
+                versions, [sp or None for sp in ss[1::2]], remote_types, remote_ids,
                 rates[0::2], rates[1::2], errors, deltas))
         energy = value("energy")
         return GpuSample(
