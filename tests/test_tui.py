@@ -315,3 +315,16 @@ def test_cli_errors_are_one_line(monkeypatch):
     monkeypatch.setattr("nvmon.tui.app.NvmonApp.run", lambda self: seen.update(url=self.settings.url))
     r = CliRunner().invoke(tui_command, [])
     assert r.exit_code == 0 and seen == {"url": "mqtt://broker.example:1884"}
+
+
+async def test_a_refresh_that_lands_while_a_screen_is_composing_waits_for_it():
+    """The refresh timer can fire between a push and the new screen's compose: that screen is
+    on top with no widgets yet (this failed CI once, as NoMatches from the node screen)."""
+    sim = shared_showcase()
+    app = make_app(sim)
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_node(("sim", "sim-005"))
+        app.refresh_data()  # before the node screen has composed
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen)
+        assert "all-to-all through NVSwitch" in plain(app.screen.query_one("#node-sections", Static))

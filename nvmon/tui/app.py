@@ -95,8 +95,10 @@ class NvmonApp(App):
         now = self.clock()
         self.header_info = self._header(now)
         self.alert_log.sync(self.state, now)
-        refresh = getattr(self.screen, "refresh_data", None) if self.screen_stack else None
-        if refresh is not None:
+        screen = self.screen if self.screen_stack else None
+        refresh = getattr(screen, "refresh_data", None)
+        # A screen just pushed is on top before its widgets exist: it draws itself in on_mount.
+        if refresh is not None and screen.is_mounted:
             refresh(now)
 
     def _header(self, now: float) -> HeaderInfo:
