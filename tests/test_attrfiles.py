@@ -90,7 +90,7 @@ def test_past_the_limit_files_are_opened_per_read(tmp_path):
         (tmp_path / f"c{i}").write_text(f"{i}\n")
         paths.append(str(tmp_path / f"c{i}"))
     aged(tmp_path)
-    files = AttrFiles(max_open=3)
+    files = AttrFiles(budget=attrfiles.FdBudget(share=1, cap=3))
     files.begin("p", [str(tmp_path)])
     assert [files.read("p", p) for p in paths] == [f"{i}\n".encode() for i in range(5)]
     assert files.open_count == 3

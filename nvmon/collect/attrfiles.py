@@ -24,7 +24,6 @@ from collections.abc import Iterable, Sequence
 # mtimes come from a coarse clock (one jiffy, ≤ 10 ms): a change within one step of the opening
 # could leave the time unchanged, so only times older than this before the opening are trusted.
 TRUST_AFTER_NS = 100_000_000
-MAX_OPEN = 512  # descriptors kept by one AttrFiles; past it, attributes are opened and closed each read
 
 
 class FdBudget:
@@ -82,15 +81,13 @@ class AttrFiles:
     """Open attribute descriptors by group. `begin(key, dirs)` once per group per tick, then
     `read(key, path)` for each of its files. Not thread-safe: one per collector."""
 
-    def __init__(self, max_open: int = MAX_OPEN, budget: FdBudget = FD_BUDGET):
-        self.max_open = max_open
-        self.budget = budget
+    def __init__(self, budget: FdBudget = FD_BUDGET):
+        self.budget = budget  # past it, attributes are opened and closed at each read
         self._groups: dict[object, _Group] = {}
-        self._open = 0
 
     @property
     def open_count(self) -> int:
-        return self._open
+        return sum(len(g.fds) for g in self._groups.values())
 
     def begin(self, key: object, dirs: Sequence[str]) -> None:
         """Check that `key`'s kept descriptors still stand for its files; drop them if not."""
@@ -114,7 +111,7 @@ class AttrFiles:
             return read_path(path)
         fd = g.fds.get(path)
         if fd is None:
-            if self._open >= self.max_open or not self.budget.take():
+            if not self.budget.take():
                 return read_path(path)
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -122,12 +119,10 @@ class AttrFiles:
                 self.budget.give()
                 raise
             g.fds[path] = fd
-            self._open += 1
         try:
             return os.pread(fd, 4096, 0)
         except OSError:  # ENODEV: the device went away under the descriptor
             del g.fds[path]
-            self._open -= 1
             self.budget.give()
             os.close(fd)
             return read_path(path)
@@ -150,6 +145,5 @@ class AttrFiles:
     def _close(self, g: _Group) -> None:
         for fd in g.fds.values():
             os.close(fd)
-        self._open -= len(g.fds)
         self.budget.give(len(g.fds))
         g.fds.clear()

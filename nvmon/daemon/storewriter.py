@@ -97,18 +97,15 @@ class StoreWriter:
                         opened = True
                     batch = list(backlog)
                     self.store.write_many(batch)
-                except StoreError as e:
+                except Exception as e:  # StoreError: the disk; anything else, a bug: retried either way
                     self.errors += 1
-                    if stopping:
+                    if not isinstance(e, StoreError):
+                        log.exception("store: unexpected error writing %d ticks; retrying", len(backlog))
+                    elif stopping:
                         log.error("store flush on stop: %s; %d ticks not stored", e, len(backlog))
                     elif not failing or now - last_report > 60:
                         log.error("store: %s; keeping up to %d ticks in memory and retrying", e, self.backlog)
                         last_report = now
-                    failing = True
-                    retry_at, backoff = now + backoff, min(backoff * 2, 30.0)
-                except Exception:  # a bug must cost ticks, not the writer: they are retried later
-                    self.errors += 1
-                    log.exception("store: unexpected error writing %d ticks; retrying", len(backlog))
                     failing = True
                     retry_at, backoff = now + backoff, min(backoff * 2, 30.0)
                 else:
