@@ -19,7 +19,7 @@ from samplefactory import healthy_sample, with_link
 from test_daemon import DaemonProc, wait_ticks
 from test_hooks import Receiver, calls, recorder
 
-from nvmon.alerts.engine import Silence
+from nvmon.alerts.model import Silence
 from nvmon.daemon.alerting import DaemonAlerts
 from nvmon.daemon.config import ConfigError, DaemonConfig, load_config
 from nvmon.specs import NodeSpec

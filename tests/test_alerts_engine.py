@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from samplefactory import healthy_sample, with_gpu, with_link, with_pcie
 
-from nvmon.alerts.engine import AlertEngine, Silence, wire_alert
-from nvmon.alerts.model import fingerprint
+from nvmon.alerts.engine import AlertEngine, wire_alert
+from nvmon.alerts.model import Silence, fingerprint
 from nvmon.alerts.rules import NodeRules, rule_book
 from nvmon.alerts.settings import AlertsSettings, RuleOverride
 from nvmon.collect.node import NodeSampler

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import click
 
-from nvmon.alerts.engine import MATCH_FIELDS, Silence
-from nvmon.alerts.model import AlertRecord, iso
+from nvmon.alerts.model import MATCH_FIELDS, AlertRecord, Silence, iso
 from nvmon.store.errors import StoreError, describe
 
 DEFAULT_DB = "/var/lib/nvmon/nvmon.db"

@@ -18,12 +18,11 @@ returns the transitions of that tick; nothing here does I/O or reads a clock. Th
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.model import AlertRecord, Silence
 from nvmon.alerts.rules import Condition, NodeRules, RuleSpec
 from nvmon.model import Sample
 from nvmon.wire.contract import Alert
@@ -44,31 +43,6 @@ class NullNotifier:
 
     def submit(self, records: list[AlertRecord]) -> None:
         pass
-
-
-@dataclass(frozen=True, slots=True)
-class Silence:
-    """Alerts whose labels match every matcher (shell-style globs) are not notified until `ends_at`."""
-
-    id: int | str  # the database's number, or "<cluster>/<id>" for a shared one (nvmon.alerts.shared)
-    matchers: Mapping[str, str]
-    starts_at: float
-    ends_at: float
-    created_by: str | None = None
-    comment: str | None = None
-
-    def matches(self, r: AlertRecord, now: float) -> bool:
-        if not self.starts_at <= now < self.ends_at:
-            return False
-        for key, pattern in self.matchers.items():
-            value = getattr(r, key) if key in MATCH_FIELDS else r.labels.get(key)
-            if value is None or not fnmatch.fnmatchcase(str(value), pattern):
-                return False
-        return True
-
-
-MATCH_FIELDS = ("fingerprint", "code", "severity", "status", "cluster", "rack", "node", "gpu", "link", "device",
-                "port")
 
 
 @dataclass(frozen=True, slots=True)

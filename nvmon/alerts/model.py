@@ -4,11 +4,16 @@
 One record per fingerprint (rule + node + gpu/link/device/port). `to_dict()` is the JSON object
 an exec hook reads on stdin and a generic webhook receives; times are ISO 8601 UTC strings there
 and unix seconds here.
+
+`Silence` (what `nvmon alerts silence` writes and the engine honours) is a value type too: it
+lives here so that the store, which keeps silences, needs nothing from the engine.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -83,3 +88,28 @@ class AlertRecord:
         if status == "resolved":
             return replace(self, status=status, ends_at=ts)
         return replace(self, status=status)
+
+
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """Alerts whose labels match every matcher (shell-style globs) are not notified until `ends_at`."""
+
+    id: int | str  # the database's number, or "<cluster>/<id>" for a shared one (nvmon.alerts.shared)
+    matchers: Mapping[str, str]
+    starts_at: float
+    ends_at: float
+    created_by: str | None = None
+    comment: str | None = None
+
+    def matches(self, r: AlertRecord, now: float) -> bool:
+        if not self.starts_at <= now < self.ends_at:
+            return False
+        for key, pattern in self.matchers.items():
+            value = getattr(r, key) if key in MATCH_FIELDS else r.labels.get(key)
+            if value is None or not fnmatch.fnmatchcase(str(value), pattern):
+                return False
+        return True
+
+
+MATCH_FIELDS = ("fingerprint", "code", "severity", "status", "cluster", "rack", "node", "gpu", "link", "device",
+                "port")

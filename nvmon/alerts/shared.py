@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn
 
 from nvmon.aio import raise_if_cancelled, running
-from nvmon.alerts.engine import Silence
+from nvmon.alerts.model import Silence
 from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription
 from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
 from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client

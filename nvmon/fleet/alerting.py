@@ -27,8 +27,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Silence, Transition
-from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition
+from nvmon.alerts.model import AlertRecord, Silence
 from nvmon.alerts.persist import Outage, UnsavedAlerts, woken
 from nvmon.alerts.shared import SharedControls, merge
 from nvmon.fleet.rules import FleetRules, Identity, Place, place_of

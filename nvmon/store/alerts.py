@@ -12,8 +12,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from nvmon.alerts.engine import Silence
-from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.model import AlertRecord, Silence
 
 _COLUMNS = ("fingerprint", "starts_ms", "status", "code", "severity", "cluster", "rack", "node", "gpu", "link",
             "device", "port", "summary", "runbook", "value", "threshold", "fired_ms", "ends_ms", "count", "labels",

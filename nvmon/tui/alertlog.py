@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from nvmon.alerts.engine import Silence
-from nvmon.alerts.model import AlertRecord
+from nvmon.alerts.model import AlertRecord, Silence
 from nvmon.alerts.shared import SharedControls, ack_key, engine_controls
 from nvmon.fleet.state import FleetState, NodeKey
 from nvmon.tui.text import SEVERITY_RANK
