@@ -25,6 +25,25 @@ IB_ERROR_KINDS = (
     "port_xmit_discards",
 )
 
+# The names of `GpuSample.throttle_reasons` and `IbPortSample.state`/`phys_state`, here rather than
+# in the collectors because the store and the exporter encode and decode them too.
+# nvmlClocksEventReason* bits (pynvml P:2190-2226) → the names nvmon reports.
+THROTTLE_BITS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clocks"),
+)
+# InfiniBand port state and physical state numbers (sysfs "4: ACTIVE", "5: LinkUp") → names.
+IB_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+IB_PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining",
+                  5: "LinkUp", 6: "LinkErrorRecovery", 7: "Phy Test"}
+
 
 @dataclass(frozen=True, slots=True)
 class PcieLink:

@@ -177,7 +177,7 @@ def test_round_trip_of_a_simulated_h100_with_faults(store):
 
 
 def _throttle_order(name: str) -> int:
-    from nvmon.collect.nvml_fields import THROTTLE_BITS
+    from nvmon.model import THROTTLE_BITS
 
     return [n for _, n in THROTTLE_BITS].index(name)
 

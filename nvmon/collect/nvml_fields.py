@@ -6,6 +6,8 @@ Values are those of nvml.h / pynvml 13 (NVML-FACTS §1.3, §3); the collector re
 
 from __future__ import annotations
 
+from nvmon.model import THROTTLE_BITS  # the reported names belong to the model layer
+
 # Per-GPU fields (scopeId 0).
 FI_TOTAL_ENERGY = "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since driver load, Volta+
 FI_LINK_COUNT = "NVML_FI_DEV_NVLINK_LINK_COUNT"  # links present; read before probing indices
@@ -33,19 +35,6 @@ PER_LINK_FIELDS = {
     "recovery": FI_LINK_RECOVERY,
     "crc_flit": FI_LINK_CRC,
 }
-
-# nvmlClocksEventReason* bits (pynvml P:2190-2226) → the names nvmon reports.
-THROTTLE_BITS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal"),
-    (0x40, "hw_thermal"),
-    (0x80, "hw_power_brake"),
-    (0x100, "display_clocks"),
-)
 
 
 def decode_throttle(mask: int) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from nvmon.collect.attrfiles import AttrFiles, read_path
 from nvmon.collect.counters import CounterTracker
-from nvmon.model import IbPortSample, PciDeviceLink, PcieLink
+from nvmon.model import IB_PHYS_STATES, IB_STATES, IbPortSample, PciDeviceLink, PcieLink
 
 # PMA PortCounters widths, from sysfs.c PORT_PMA_ATTR(name, counter, width, offset).
 # These counters saturate (stick at all-ones) rather than wrap.
@@ -33,9 +33,6 @@ IB_ERROR_WIDTHS: dict[str, int] = {
 U32_MAX = 0xFFFFFFFF
 T = TypeVar("T")
 
-IB_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
-IB_PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining",
-                  5: "LinkUp", 6: "LinkErrorRecovery", 7: "Phy Test"}
 # Gb/s per lane → IB speed name (sysfs.c prints deci-Gb/s per lane × width).
 # FDR10 is 10 Gb/s per lane like QDR; kernels always print its suffix, so a bare 10 means QDR.
 _IB_LANE_NAMES = {2.5: "SDR", 5.0: "DDR", 10.0: "QDR", 14.0: "FDR", 25.0: "EDR",

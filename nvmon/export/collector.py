@@ -213,7 +213,7 @@ class SampleCollector(Collector):
 
     def __init__(self, *, node_spec: NodeSpec, node_info: Mapping[str, str],
                  health: Callable[[], DaemonHealth | None]):
-        from nvmon.collect.nvml_fields import THROTTLE_BITS
+        from nvmon.model import THROTTLE_BITS
 
         self.node_spec = node_spec
         self.node_info = dict(node_info)

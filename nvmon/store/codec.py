@@ -16,9 +16,7 @@ from itertools import chain
 from math import trunc
 from typing import Any
 
-from nvmon.collect.nvml_fields import THROTTLE_BITS
-from nvmon.collect.sysfs import IB_PHYS_STATES, IB_STATES
-from nvmon.model import GpuSample, IbPortSample, Sample
+from nvmon.model import IB_PHYS_STATES, IB_STATES, THROTTLE_BITS, GpuSample, IbPortSample, Sample
 
 MB = 1_000_000  # per-link rates are stored in MB/s (10^6 bytes/s), one uint16 per link
 U16_UNKNOWN = 0xFFFF

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvmon.collect.sysfs import IB_PHYS_STATES, IB_STATES
+from nvmon.model import IB_PHYS_STATES, IB_STATES
 from nvmon.store.codec import MB, U16_UNKNOWN, throttle_names, unmask, unpack_mb, unpack_u16
 from nvmon.store.errors import StoreError, describe
 from nvmon.store.metrics import BY_NAME, KEYS, KINDS, TABLES, Metric
