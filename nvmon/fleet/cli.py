@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 
 import click
 
 from nvmon.wire.contract import valid_name
-
-log = logging.getLogger("nvmon.fleet")
 
 
 class FleetCliError(click.ClickException):
@@ -85,23 +82,12 @@ def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interva
     asyncio.run(_run(fleet, seconds))
 
 
-def _quiet_aiomqtt_noise(loop, context) -> None:
-    """When the broker goes away, aiomqtt 2.x leaves each client's disconnect error unretrieved and
-    may register a writer on a socket that just closed: harmless, but one traceback per node (a
-    thousand on a broker restart). Those go to debug; anything else is reported as usual."""
-    exc, msg = context.get("exception"), context.get("message", "")
-    noise = ((msg.startswith("Future exception was never retrieved") and type(exc).__module__.startswith("aiomqtt"))
-             or (msg.startswith("Exception in callback") and ("add_writer" in msg or "add_reader" in msg)))
-    if noise:
-        log.debug("aiomqtt: %s: %s", msg, exc)
-    else:
-        loop.default_exception_handler(context)
-
-
 async def _run(fleet, seconds: float | None) -> None:
+    from nvmon.wire.mqtt import quiet_aiomqtt_noise
+
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(_quiet_aiomqtt_noise)
+    loop.set_exception_handler(quiet_aiomqtt_noise)
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: every node says offline/stopped
         loop.add_signal_handler(sig, task.cancel)
     reporter = asyncio.create_task(_report(fleet))

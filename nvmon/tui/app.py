@@ -27,7 +27,6 @@ from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
 from nvmon.alerts.shared import SharedControls
-from nvmon.fleet.cli import _quiet_aiomqtt_noise as quiet_aiomqtt_noise
 from nvmon.fleet.state import FleetState, NodeKey
 from nvmon.fleet.subscriber import FleetSubscriber
 from nvmon.tui.alertlog import AlertLog
@@ -36,7 +35,7 @@ from nvmon.tui.screens.fleet import FleetScreen
 from nvmon.tui.screens.help import HelpScreen
 from nvmon.tui.screens.node import NodeScreen
 from nvmon.tui.widgets.header import HeaderInfo
-from nvmon.wire.mqtt import MqttSettings, describe_error
+from nvmon.wire.mqtt import MqttSettings, describe_error, quiet_aiomqtt_noise
 
 
 class NvmonApp(App):

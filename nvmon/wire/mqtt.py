@@ -191,6 +191,20 @@ def describe_error(exc: BaseException) -> str:
     return " ".join(msg.split())  # one line, whatever the library put in it
 
 
+def quiet_aiomqtt_noise(loop, context) -> None:
+    """When the broker goes away, aiomqtt 2.x leaves each client's disconnect error unretrieved and
+    may register a writer on a socket that just closed: harmless, but one traceback per node (a
+    thousand on a broker restart). Those go to debug; anything else is reported as usual.
+    An event loop exception handler: `loop.set_exception_handler(quiet_aiomqtt_noise)`."""
+    exc, msg = context.get("exception"), context.get("message", "")
+    noise = ((msg.startswith("Future exception was never retrieved") and type(exc).__module__.startswith("aiomqtt"))
+             or (msg.startswith("Exception in callback") and ("add_writer" in msg or "add_reader" in msg)))
+    if noise:
+        log.debug("aiomqtt: %s: %s", msg, exc)
+    else:
+        loop.default_exception_handler(context)
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential reconnect delay with jitter: a fleet whose broker restarts must not
