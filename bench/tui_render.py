@@ -1,6 +1,6 @@
 """Time to render and to update the TUI's fleet screen with N nodes (default 1,000), headless.
 
-Builds a simulated fleet of N nodes (`nvmon.fleet.simstate`, no broker), opens the app at
+Builds a simulated fleet of N nodes (`nvmon.loadgen.state`, no broker), opens the app at
 160×48 under Textual's test driver, and measures:
 
 - first draw: the fleet table's first `sync` (all N rows) plus painting its visible lines;
@@ -26,8 +26,8 @@ import platform
 import statistics
 import time
 
-from nvmon.fleet.simboards import Board
-from nvmon.fleet.simstate import T0, simulated_state
+from nvmon.loadgen.boards import Board
+from nvmon.loadgen.state import T0, simulated_state
 from nvmon.tui.app import NvmonApp
 from nvmon.tui.widgets.fleet_table import FleetTable
 from nvmon.wire.contract import topic

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from mqtt_broker import Broker, free_port, needs_mosquitto, wait_until
-from nvmon.fleet.simfleet import SimFleet
+from nvmon.loadgen.fleet import SimFleet
 from nvmon.fleet.state import FleetState
 from nvmon.fleet.subscriber import subscribed
 from nvmon.wire.contract import topic
@@ -140,7 +140,7 @@ def start_generator(url: str, cluster: str, nodes: int, workdir=None) -> subproc
         code = "from nvmon.fleet.cli import sim_fleet_command; sim_fleet_command(prog_name='nvmon sim-fleet')"
         args = ["--nodes", str(nodes), "--broker", url, "--cluster", cluster, "--interval", "0.2"]
     else:
-        code = ("import asyncio, sys; from nvmon.fleet.simfleet import SimFleet; "
+        code = ("import asyncio, sys; from nvmon.loadgen.fleet import SimFleet; "
                 "from nvmon.wire.mqtt import MqttSettings; asyncio.run(SimFleet(MqttSettings(url=sys.argv[1]), int(sys.argv[3]), cluster=sys.argv[2],"
                 " interval_s=0.2, workdir=sys.argv[4]).run())")
         args = [url, cluster, str(nodes), str(workdir)]

@@ -10,7 +10,7 @@ from mqtt_broker import free_port
 from textual.widgets import DataTable, Input, Static
 from tuifleet import OFFLINE, STALE, column_plain, make_app, plain, shared_showcase, showcase
 
-from nvmon.fleet.simstate import T0
+from nvmon.loadgen.state import T0
 from nvmon.tui.app import NvmonApp
 from nvmon.tui.rows import COLUMN_KEYS, is_problem
 from nvmon.tui.screens.alerts import AlertsScreen
@@ -231,7 +231,7 @@ async def test_paint_probe_names_the_rows_repainted():
 
 def _sample_of(view) -> bytes:
     """A sample payload equivalent to the node's last tick (rebuilt from a simulated board)."""
-    from nvmon.fleet.simboards import Board, NodeIdentity
+    from nvmon.loadgen.boards import Board, NodeIdentity
 
     b = Board("hgx-h100,ib_rate=mlx5_1:100", interval_s=1.0, clock_start=T0)
     try:
@@ -266,7 +266,7 @@ async def test_hostile_strings_are_shown_literally():
 
 
 def _inventory_json(view) -> dict:
-    from nvmon.fleet.simboards import Board, NodeIdentity
+    from nvmon.loadgen.boards import Board, NodeIdentity
 
     b = Board("hgx-h100,seed=1", interval_s=1.0, clock_start=T0)
     try:

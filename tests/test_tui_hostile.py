@@ -12,7 +12,7 @@ import aiomqtt
 from mqtt_broker import Broker, needs_mosquitto, wait_until
 from tuifleet import column_plain, plain
 
-from nvmon.fleet.simboards import Board, NodeIdentity
+from nvmon.loadgen.boards import Board, NodeIdentity
 from nvmon.tui.app import NvmonApp
 from nvmon.tui.widgets.fleet_table import FleetTable
 from nvmon.wire.contract import MAX_PAYLOAD_BYTES, topic

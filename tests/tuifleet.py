@@ -6,7 +6,7 @@ import functools
 
 from textual.coordinate import Coordinate
 
-from nvmon.fleet.simstate import SHOWCASE_FAULTS, SimState, simulated_state
+from nvmon.loadgen.state import SHOWCASE_FAULTS, SimState, simulated_state
 from nvmon.tui.app import NvmonApp
 
 OFFLINE, STALE = 7, 8  # node indices of the showcase fleet that end lost / silent

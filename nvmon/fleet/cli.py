@@ -70,7 +70,7 @@ def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interva
     nodes, so 1,000 nodes at 1 Hz run on one core. Stopping publishes `offline` for every node;
     killing the process lets the broker publish their wills.
     """
-    from nvmon.fleet.simfleet import SimFleet, describe
+    from nvmon.loadgen.fleet import SimFleet, describe
     from nvmon.wire.mqtt import MqttSettings
 
     try:

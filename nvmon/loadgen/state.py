@@ -1,7 +1,7 @@
 """A `FleetState` filled from simulated boards without a broker: deterministic, for views' tests,
 snapshots and benchmarks.
 
-The same board pool as `nvmon sim-fleet` (`simboards.Board`) makes the payloads, and they go
+The same board pool as `nvmon sim-fleet` (`boards.Board`) makes the payloads, and they go
 through `FleetState.apply` exactly as messages off the wire would, at times set by the caller's
 fixed clock. Same arguments, same state: the boards are seeded and the clock never reads the wall.
 """
@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nvmon import __version__
-from nvmon.fleet.simboards import ALERT_HOLD, Board, NodeIdentity
-from nvmon.fleet.simfleet import fault_spec, node_names
 from nvmon.fleet.state import FleetState
+from nvmon.loadgen.boards import ALERT_HOLD, Board, NodeIdentity
+from nvmon.loadgen.fleet import fault_spec, node_names
 from nvmon.wire.contract import topic
 from nvmon.wire.payloads import status_payload
 

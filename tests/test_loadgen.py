@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from nvmon.fleet.simboards import ALERT_HOLD, Board, NodeIdentity, node_sample
-from nvmon.fleet.simfleet import fault_spec, node_names
+from nvmon.loadgen.boards import ALERT_HOLD, Board, NodeIdentity, node_sample
+from nvmon.loadgen.fleet import fault_spec, node_names
 from nvmon.sim.scenario import SimSpecError
 from nvmon.wire.contract import topic
 from nvmon.wire.payloads import layout_id, parse_message, sample_payload

@@ -6,7 +6,7 @@ Each node behaves like a daemon on the wire: its own MQTT connection and client 
 are spread evenly over the interval, so 1,000 nodes at 1 Hz is a steady 1,000 samples/s rather
 than bursts.
 
-It stays cheap by running only a small pool of real simulated boards (see `simboards`): a few
+It stays cheap by running only a small pool of real simulated boards (see `boards`): a few
 healthy seeds shared round-robin, plus one board per distinct fault spec. Killing the process
 fires every node's will at once; cancelling it publishes `offline`/`stopped` for each.
 """
@@ -25,14 +25,14 @@ from typing import NoReturn
 
 from nvmon import __version__
 from nvmon.aio import raise_if_cancelled
-from nvmon.fleet.simboards import Board, NodeIdentity
+from nvmon.loadgen.boards import Board, NodeIdentity
 from nvmon.sim.profiles import PROFILES
 from nvmon.sim.scenario import SimSpecError, parse_scenario
 from nvmon.wire.contract import DELIVERY, topic, valid_name
 from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
 from nvmon.wire.payloads import status_payload
 
-log = logging.getLogger("nvmon.fleet")
+log = logging.getLogger("nvmon.loadgen")
 
 CONNECT_CONCURRENCY = 64  # handshakes in flight at once: a big fleet must not stampede the broker
 

@@ -34,7 +34,7 @@ from nvmon.specs import NodeSpec
 from nvmon.wire.contract import Alert
 from nvmon.wire.payloads import alerts_payload, encode, inventory_payload, layout_id, sample_payload
 
-log = logging.getLogger("nvmon.fleet")
+log = logging.getLogger("nvmon.loadgen")
 
 ALERT_HOLD = 3  # ticks a finding must persist (or stay gone) before its alert fires (or clears)
 _HEAD = re.compile(rb'\{"schema":1,"ts":[-+0-9.eE]+,"dt":([-+0-9.eE]+|null),"lay":"[0-9a-f]{1,16}",')
