@@ -1,7 +1,8 @@
 """The metric families of one snapshot: a `prometheus_client` Collector over nvmon's `Sample`.
 
-What is exported, and under which name, type and help text, is `nvmon.export.catalog`; this module
-fills those families with values from a `Snapshot` (a sample plus byte counters integrated from
+What is exported, and under which name, type and help text, is the catalog (`nvmon.catalog`); a
+family that names a catalog metric is filled from its Sample value by one loop here; this module
+fills the other families with values from a `Snapshot` (a sample plus byte counters integrated from
 all samples so far) and from the daemon's `DaemonHealth`. Values nvmon could not read (None) are
 left out, never reported as 0. The audit behind `nvmon_audit_findings` runs here, so once per
 rendering, which `PrometheusExporter` keeps to once per sample.
@@ -21,6 +22,7 @@ from prometheus_client.samples import Sample as PromSample
 
 from nvmon.audit import RULES, audit
 from nvmon.audit import _is_active as ib_port_up  # one definition of a working port
+from nvmon.catalog import BY_NAME, FAMILIES
 from nvmon.export.catalog import METRICS
 from nvmon.export.exposition import Labels
 from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample
@@ -127,6 +129,11 @@ def advance(prev: Snapshot | None, sample: Sample) -> Snapshot:
     return Snapshot(sample, nv, ib, last_xid)
 
 
+# (family, divisor) of every GPU family the catalog fills from a metric, and one getter of all
+# their values (dcgm-exporter's units: NVML's PCIe throughput is in KB/s, KB = 1024 bytes).
+_SIMPLE = tuple((fam.name, fam.divisor) for fam in FAMILIES if fam.metric is not None and fam.scope == "GPU")
+_SIMPLE_GET = attrgetter(*(BY_NAME[fam.metric].path for fam in FAMILIES if fam.metric is not None
+                           and fam.scope == "GPU"))
 _LINK_ID = attrgetter("link")
 _ACTIVE = attrgetter("active")
 _SPEED = attrgetter("speed_mbps")
@@ -266,13 +273,11 @@ class SampleCollector(Collector):
     def _gpu(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels) -> None:
         add = f.add
         add("nvmon_gpu_lost", lab, int(g.lost))
-        add("DCGM_FI_DEV_POWER_USAGE", lab, g.power_w)
-        add("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", lab, g.power_limit_w)
-        add("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", lab, g.power_default_limit_w)
-        add("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", lab, g.power_max_limit_w)
+        # Every family the catalog fills straight from a metric's value (None: left out).
+        for (name, divisor), value in zip(_SIMPLE, _SIMPLE_GET(g)):
+            if value is not None:
+                add(name, lab, value if divisor is None else value / divisor)
         add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lab, None if g.energy_j is None else round(g.energy_j * 1000))
-        add("DCGM_FI_DEV_GPU_TEMP", lab, g.temperature_c)
-        add("DCGM_FI_DEV_GPU_UTIL", lab, g.utilization_pct)
         add("DCGM_FI_DEV_XID_ERRORS", lab, snap.last_xid.get(g.index, 0) if snap.sample.nvml.available else None)
         if g.throttle_reasons is not None and not g.lost:
             mask = 0
@@ -283,18 +288,6 @@ class SampleCollector(Collector):
                     add("nvmon_gpu_clocks_event_reason", lab.with_("reason", name), 1)
             add("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", lab, mask)
             add("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", lab, mask)
-        p = g.pcie
-        add("DCGM_FI_DEV_PCIE_LINK_GEN", lab, p.gen)
-        add("DCGM_FI_DEV_PCIE_LINK_WIDTH", lab, p.width)
-        add("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", lab, p.max_gen)
-        add("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", lab, p.max_width)
-        add("nvmon_gpu_pcie_device_max_link_gen", lab, p.device_max_gen)
-        add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, p.replay_errors)
-        # NVML's PCIe throughput (what DCGM passes through here) is in KB/s, KB = 1024 bytes.
-        add("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", lab, None if p.tx_bytes_per_s is None else p.tx_bytes_per_s / 1024)
-        add("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", lab, None if p.rx_bytes_per_s is None else p.rx_bytes_per_s / 1024)
-        add("DCGM_FI_PROF_PCIE_TX_BYTES", lab, p.tx_bytes_per_s)
-        add("DCGM_FI_PROF_PCIE_RX_BYTES", lab, p.rx_bytes_per_s)
         if g.lost:
             return
         add("nvmon_gpu_nvlink_links", lab, g.nvlink_count if g.nvlink_count is not None else len(g.nvlink) or None)

@@ -14,8 +14,10 @@ import struct
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from math import trunc
+from operator import attrgetter, call
 from typing import Any
 
+from nvmon.catalog import GPU_FACTS, GPU_TICK_SCALARS, Encode, Scope, of_scope
 from nvmon.model import IB_PHYS_STATES, IB_STATES, THROTTLE_BITS, GpuSample, IbPortSample, Sample
 
 MB = 1_000_000  # per-link rates are stored in MB/s (10^6 bytes/s), one uint16 per link
@@ -168,8 +170,46 @@ def ib_code(name: Any, table: dict[str, int]) -> int | None:
     return table.get(name) if isinstance(name, str) else None
 
 
+def flag(v: Any) -> int:
+    return 1 if v else 0
+
+
+ENCODERS = {Encode.REAL: real, Encode.WHOLE: watts, Encode.RATE: rate, Encode.INTEGER: integer, Encode.FLAG: flag,
+            Encode.THROTTLE: throttle_mask, Encode.TEXT: text}
+
+# A GPU row: its key, the catalog's scalar metrics (read from the GpuSample by path, in catalog
+# order), then the columns this module derives from the GPU's links, then its notes. The INSERT
+# names these columns, so the table's own column order (migrations append) does not matter.
+LINK_COLUMNS = ("nvlink_active", "nvlink_up_mask", "nvlink_down_mask", "nvlink_tx_bytes_per_s",
+                "nvlink_rx_bytes_per_s", "nvlink_errors_delta", "nvlink_tx_mb", "nvlink_rx_mb", "nvlink_errors")
+GPU_COLUMNS = ("ts_ms", "gpu", *(m.column for m in GPU_TICK_SCALARS), *LINK_COLUMNS, "notes")
+# attrgetter of many paths returns their values as one tuple, and map(call, ...) applies each
+# column's coercer to its value: both loops run in C (this runs for every GPU every tick).
+_GPU_GET = attrgetter(*(m.path for m in GPU_TICK_SCALARS))
+_GPU_ENCODE = tuple(ENCODERS[m.encode] for m in GPU_TICK_SCALARS)
+_FACTS_GET = attrgetter(*(m.path for m in GPU_FACTS))
+_FACTS = tuple((m.column, ENCODERS[m.encode]) for m in GPU_FACTS)
+# The node's row: its own columns around the catalog's host metrics (the ones read by path).
+_NODE_SCALARS = tuple(m for m in of_scope(Scope.NODE) if m.path is not None and m.column is not None)
+_NODE_GET = attrgetter(*(m.path for m in _NODE_SCALARS))
+_NODE_ENCODE = tuple(ENCODERS[m.encode] for m in _NODE_SCALARS)
+TICK_COLUMNS = ("ts_ms", "interval_s", "nvml_available", "gpus", "gpus_lost", "gpu_power_w", "topology",
+                *(m.column for m in _NODE_SCALARS), "notes")
+IB_COLUMNS = ("ts_ms", "port_id", "state", "phys_state", "rate_gbps", "tx_bytes_per_s", "rx_bytes_per_s",
+              "errors_delta", "errors")
+
+
+def gpu_scalars(g: GpuSample) -> tuple:
+    """The catalog's per-tick GPU values, coerced for their columns (GPU_COLUMNS[2:...])."""
+    return tuple(map(call, _GPU_ENCODE, _GPU_GET(g)))
+
+
+def insert_sql(table: str, columns: Sequence[str]) -> str:
+    return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({','.join('?' * len(columns))})"
+
+
 def gpu_row(t: int, g: GpuSample) -> tuple:
-    """One `gpu_ticks` row (column order of the table). Blobs and masks are indexed by link
+    """One `gpu_ticks` row, in GPU_COLUMNS order. Blobs and masks are indexed by link
     number, not position, so a link missing from the sample stays a gap (unknown).
 
     This runs for every GPU every tick, so the usual GPU (links numbered 0..n-1, rates finite
@@ -212,13 +252,8 @@ def gpu_row(t: int, g: GpuSample) -> tuple:
         for i, d in enumerate(deltas):
             if e := _nonzero_errors(d):
                 errors[str(i)] = e
-    pcie = g.pcie
     return (
-        t, integer(g.index), 1 if g.lost else 0,
-        watts(g.power_w), real(g.power_limit_w), rate(g.energy_j), real(g.temperature_c),
-        real(g.utilization_pct), throttle_mask(g.throttle_reasons),
-        integer(pcie.gen), integer(pcie.width), rate(pcie.tx_bytes_per_s), rate(pcie.rx_bytes_per_s),
-        integer(pcie.replay_errors_delta),
+        t, integer(g.index), *gpu_scalars(g),
         up.bit_count(), up, down, tx_sum, rx_sum, errors_delta, tx_mb, rx_mb,
         json_or_null(errors), json_or_null([text(n) for n in g.notes]) if g.notes else None,
     )
@@ -278,14 +313,9 @@ def _gpu_row_any(t: int, g: GpuSample) -> tuple:
             deltas.extend(d.values())
             if e := _nonzero_errors(d):
                 errors[str(n)] = e
-    pcie = g.pcie
     has_links = slots > 0
     return (
-        t, integer(g.index), 1 if g.lost else 0,
-        watts(g.power_w), real(g.power_limit_w), rate(g.energy_j), real(g.temperature_c),
-        real(g.utilization_pct), throttle_mask(g.throttle_reasons),
-        integer(pcie.gen), integer(pcie.width), rate(pcie.tx_bytes_per_s), rate(pcie.rx_bytes_per_s),
-        integer(pcie.replay_errors_delta),
+        t, integer(g.index), *gpu_scalars(g),
         up.bit_count() if has_links else None, up if has_links else None, down if has_links else None,
         _sum_rates(tx), _sum_rates(rx),
         _sum_known(deltas),
@@ -322,7 +352,7 @@ def tick_row(t: int, s: Sample) -> tuple:
     return (
         t, real(s.interval_s), 1 if s.nvml.available else 0,
         len(s.gpus), sum(1 for g in s.gpus if g.lost), sum(powers) if powers else None,
-        text(s.topology.class_, 40), watts(s.host.cpu_pct), watts(s.host.mem_used_pct), real(s.host.load1),
+        text(s.topology.class_, 40), *map(call, _NODE_ENCODE, _NODE_GET(s)),
         json_or_null([text(n) for n in s.notes]),
     )
 
@@ -335,8 +365,7 @@ def node_signature(s: Sample) -> tuple:
 def gpu_signature(g: GpuSample) -> tuple:
     # Signatures are only compared (==), never hashed or stored: a list comprehension is quicker
     # than tuple() of a generator, and compares the same.
-    return (g.name, g.uuid, g.serial, g.pci_bus_id, g.power_default_limit_w, g.power_max_limit_w,
-            g.pcie.max_gen, g.pcie.max_width, g.pcie.device_max_gen, g.nvlink_count, g.lost,
+    return (g.name, g.uuid, g.serial, g.pci_bus_id, _FACTS_GET(g), g.lost,
             [(lk.link, lk.version, lk.speed_mbps, lk.remote_type, lk.remote_pci_bus_id) for lk in g.nvlink])
 
 
@@ -374,9 +403,7 @@ def facts_gpu(g: GpuSample, previous: dict[str, Any] | None) -> dict[str, Any]:
     ]
     return merge_facts({
         "name": g.name, "uuid": g.uuid, "serial": g.serial, "pci_bus_id": g.pci_bus_id,
-        "power_default_limit_w": real(g.power_default_limit_w), "power_max_limit_w": real(g.power_max_limit_w),
-        "pcie_max_gen": integer(g.pcie.max_gen), "pcie_max_width": integer(g.pcie.max_width),
-        "pcie_device_max_gen": integer(g.pcie.device_max_gen), "nvlink_count": integer(g.nvlink_count),
+        **{key: encode(v) for (key, encode), v in zip(_FACTS, _FACTS_GET(g))},  # the catalog's static metrics
         "nvlink": links or None,  # a lost GPU reports no links: keep the known map
     }, previous)
 

@@ -16,6 +16,7 @@ import logging
 import sqlite3
 from collections import defaultdict
 
+from nvmon.catalog import Scope, of_scope
 from nvmon.store.codec import U16_UNKNOWN, json_or_null, pack_u16, unpack_u16
 
 log = logging.getLogger("nvmon.store")
@@ -44,7 +45,7 @@ def roll_up(conn: sqlite3.Connection, start: int, end: int) -> int:
     conn.execute(_IB_MINUTES, window)
     scalars = {(r[0], r[1]): r for r in conn.execute(_GPU_SCALARS, window)}
     per_link = _link_aggregates(conn, window)
-    rows = [(*r, *per_link.get(k, (None,) * 7)) for k, r in scalars.items()]
+    rows = [(*r, *per_link.get(k, (None,) * len(_GPU_PY_COLUMNS))) for k, r in scalars.items()]
     conn.executemany(_GPU_INSERT, rows)
     return len({minute for minute, _ in scalars})
 
@@ -137,56 +138,31 @@ def reclaim_space(conn: sqlite3.Connection, keep_free: float = 0.25, step_pages:
         log.warning("store: incremental vacuum failed: %s", exc)
 
 
-_NODE_MINUTES = """
-INSERT OR REPLACE INTO node_minutes
-SELECT ts_ms / 60000 * 60000, count(*), max(gpus_lost),
-    min(gpu_power_w), round(avg(gpu_power_w)), max(gpu_power_w),
-    min(cpu_pct), round(avg(cpu_pct)), max(cpu_pct),
-    min(mem_used_pct), round(avg(mem_used_pct)), max(mem_used_pct),
-    min(load1), round(avg(load1), 2), max(load1)
-FROM ticks WHERE ts_ms >= ? AND ts_ms < ? GROUP BY 1
-"""
+def _aggregates(scope: Scope) -> list[tuple[str, str]]:
+    """(rollup column, SQL aggregate) of every catalog metric of this scope rolled up in SQL."""
+    return [pair for m in of_scope(scope) for pair in m.rollup_sql()]
 
-_IB_MINUTES = """
-INSERT OR REPLACE INTO ib_minutes
-SELECT ts_ms / 60000 * 60000, port_id, count(*), count(CASE WHEN state = 4 THEN 1 END),
-    min(rate_gbps), round(avg(rate_gbps)), max(rate_gbps),
-    min(tx_bytes_per_s), round(avg(tx_bytes_per_s)), max(tx_bytes_per_s),
-    min(rx_bytes_per_s), round(avg(rx_bytes_per_s)), max(rx_bytes_per_s),
-    sum(errors_delta)
-FROM ib_ticks WHERE ts_ms >= ? AND ts_ms < ? GROUP BY 1, 2
-"""
 
-_GPU_SCALARS = """
-SELECT ts_ms / 60000 * 60000, gpu, count(*), sum(lost),
-    min(power_w), round(avg(power_w)), max(power_w),
-    min(power_limit_w), max(power_limit_w),
-    min(temperature_c), round(avg(temperature_c)), max(temperature_c),
-    min(utilization_pct), round(avg(utilization_pct)), max(utilization_pct),
-    min(pcie_gen), max(pcie_gen), min(pcie_width), max(pcie_width),
-    min(pcie_tx_bytes_per_s), round(avg(pcie_tx_bytes_per_s)), max(pcie_tx_bytes_per_s),
-    min(pcie_rx_bytes_per_s), round(avg(pcie_rx_bytes_per_s)), max(pcie_rx_bytes_per_s),
-    sum(pcie_replay_delta), min(nvlink_active), max(nvlink_active),
-    min(nvlink_tx_bytes_per_s), round(avg(nvlink_tx_bytes_per_s)), max(nvlink_tx_bytes_per_s),
-    min(nvlink_rx_bytes_per_s), round(avg(nvlink_rx_bytes_per_s)), max(nvlink_rx_bytes_per_s),
-    sum(nvlink_errors_delta)
-FROM gpu_ticks WHERE ts_ms >= ? AND ts_ms < ? GROUP BY 1, 2
-"""
+def _minutes_sql(table: str, raw: str, keys: tuple[str, ...], fixed: tuple[tuple[str, str], ...],
+                 scope: Scope) -> tuple[str, tuple[str, ...]]:
+    """`INSERT OR REPLACE INTO table (...) SELECT ...` over one window of raw ticks, and its columns."""
+    pairs = [("ts_ms", "ts_ms / 60000 * 60000"), *((k, k) for k in keys), *fixed, *_aggregates(scope)]
+    columns = tuple(c for c, _ in pairs)
+    group = ", ".join(str(i) for i in range(1, 2 + len(keys)))
+    select = f"SELECT {', '.join(e for _, e in pairs)} FROM {raw} WHERE ts_ms >= ? AND ts_ms < ? GROUP BY {group}"
+    return f"INSERT OR REPLACE INTO {table} ({', '.join(columns)})\n{select}", columns
 
-# Column order of gpu_minutes, matching the SELECT above followed by _link_aggregates' tuple.
-_GPU_COLUMNS = (
-    "ts_ms, gpu, samples, lost_samples, power_w_min, power_w_avg, power_w_max, "
-    "power_limit_w_min, power_limit_w_max, "
-    "temperature_c_min, temperature_c_avg, temperature_c_max, "
-    "utilization_pct_min, utilization_pct_avg, utilization_pct_max, "
-    "pcie_gen_min, pcie_gen_max, pcie_width_min, pcie_width_max, "
-    "pcie_tx_bytes_per_s_min, pcie_tx_bytes_per_s_avg, pcie_tx_bytes_per_s_max, "
-    "pcie_rx_bytes_per_s_min, pcie_rx_bytes_per_s_avg, pcie_rx_bytes_per_s_max, "
-    "pcie_replay_delta, nvlink_active_min, nvlink_active_max, "
-    "nvlink_tx_bytes_per_s_min, nvlink_tx_bytes_per_s_avg, nvlink_tx_bytes_per_s_max, "
-    "nvlink_rx_bytes_per_s_min, nvlink_rx_bytes_per_s_avg, nvlink_rx_bytes_per_s_max, "
-    "nvlink_errors_delta, nvlink_errors, throttle_mask, nvlink_down_mask, "
-    "nvlink_tx_mb_avg, nvlink_tx_mb_max, nvlink_rx_mb_avg, nvlink_rx_mb_max"
-)
+
+# Rollup SQL from the catalog: each metric's rule (min/avg/max, sum, ...) gives its columns.
+_NODE_MINUTES, _ = _minutes_sql("node_minutes", "ticks", (), (("samples", "count(*)"),), Scope.NODE)
+_IB_MINUTES, _ = _minutes_sql("ib_minutes", "ib_ticks", ("port_id",), (
+    ("samples", "count(*)"), ("active_samples", "count(CASE WHEN state = 4 THEN 1 END)")), Scope.IB_PORT)
+_GPU_SCALARS_INSERT, _GPU_SQL_COLUMNS = _minutes_sql(
+    "gpu_minutes", "gpu_ticks", ("gpu",), (("samples", "count(*)"),), Scope.GPU)
+_GPU_SCALARS = _GPU_SCALARS_INSERT.split("\n", 1)[1]
+# Then the columns `_link_aggregates` computes in Python, in its tuple's order.
+_GPU_PY_COLUMNS = ("nvlink_errors", "throttle_mask", "nvlink_down_mask",
+                   "nvlink_tx_mb_avg", "nvlink_tx_mb_max", "nvlink_rx_mb_avg", "nvlink_rx_mb_max")
+_GPU_COLUMNS = ", ".join(_GPU_SQL_COLUMNS + _GPU_PY_COLUMNS)
 _GPU_INSERT = (f"INSERT OR REPLACE INTO gpu_minutes ({_GPU_COLUMNS}) VALUES "
-               f"({','.join('?' * len(_GPU_COLUMNS.split(',')))})")
+               f"({','.join('?' * len(_GPU_SQL_COLUMNS + _GPU_PY_COLUMNS))})")

@@ -38,9 +38,10 @@ PAGE_SIZE = 8192  # 4, 8 and 16 KiB measured the same size; 8 KiB reads a time r
 MIN_SQLITE = (3, 37)  # STRICT tables. JSON functions: built in from 3.38, compiled in by distros before
 WAL_LIMIT_BYTES = 64 * 2**20  # the WAL is truncated back to this after a checkpoint
 
-_INSERT_TICK = "INSERT OR IGNORE INTO ticks VALUES (" + ",".join("?" * 11) + ")"
-_INSERT_GPU = "INSERT OR IGNORE INTO gpu_ticks VALUES (" + ",".join("?" * 24) + ")"
-_INSERT_IB = "INSERT OR IGNORE INTO ib_ticks VALUES (" + ",".join("?" * 9) + ")"
+# Column lists from the codec (the GPU row's from the catalog): a column is never counted by hand.
+_INSERT_TICK = codec.insert_sql("ticks", codec.TICK_COLUMNS)
+_INSERT_GPU = codec.insert_sql("gpu_ticks", codec.GPU_COLUMNS)
+_INSERT_IB = codec.insert_sql("ib_ticks", codec.IB_COLUMNS)
 _NONE_CHECKED = object()  # _write_samples: no tick of the batch had its facts checked
 
 

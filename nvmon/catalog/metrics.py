@@ -1,0 +1,255 @@
+"""The metric table: every metric nvmon samples, declared once.
+
+A `Metric` says what a value is (name, unit, kind, scope, one doc line), where it lives in the
+`Sample` (`path`, an attribute path on the scope's object: `GpuSample`, `IbPortSample`, `Sample`),
+how it is stored (`column`, `encode`, `rollup`), sent (`wire`), shown (`label`, `fmt`) and exported
+(the Prometheus `Family`s whose `metric` names it). The layers read this table instead of naming
+the metric again:
+
+- the store builds its INSERTs, the per-tick row of every GPU's scalars and the rollup SQL from it,
+  and adds a column a new entry declares to an existing database (`nvmon.store.schema`);
+- `nvmon history --metric` takes its choices, help and SQL from it (`nvmon.store.metrics`);
+- the exporter's families, their order, type, help and labels are `FAMILIES`; a family with a
+  `metric` is filled from that metric's path without code of its own (`nvmon.export.collector`);
+- the wire's per-GPU arrays with a `wire` key are written and read from it;
+- the metric tables of docs/store.md, docs/prometheus.md and docs/sample-schema.md are generated
+  from it (`nvmon.catalog_docs`; a test fails when they drift).
+
+Values the collector derives from several readings (the NVLink sums and masks a GPU row carries,
+node totals) are declared too, with `path=None`: the store's codec computes them, the catalog
+still gives their column, rollup, history entry and docs.
+
+This module imports only the standard library and `nvmon.model`: every layer may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from operator import attrgetter
+
+
+class Kind(StrEnum):
+    GAUGE = "gauge"  # a level read now: power, temperature, clock
+    COUNTER = "counter"  # cumulative since some start; stored and sent as its rise per interval
+    RATE = "rate"  # a counter's rise over the interval, per second (bytes/s)
+    STATE = "state"  # one of a few named values (IB port state, link active)
+    BITMASK = "bitmask"  # set of flags (throttle reasons, links down)
+
+
+class Scope(StrEnum):
+    NODE = "node"
+    GPU = "gpu"
+    NVLINK = "nvlink"
+    IB_PORT = "ib_port"
+    HCA = "hca"
+    NVSWITCH = "nvswitch"
+
+
+class Rollup(StrEnum):
+    """How the 1-minute rollup keeps a column (docs/store.md, "in rollups")."""
+
+    MIN_AVG_MAX = "min, avg, max"
+    MIN_MAX = "min, max"
+    MAX = "max"
+    SUM = "sum"  # counters' rises, summed over the minute
+    ANY = "any"  # bitmasks, ORed over the minute (nvmon.store.rollup, in Python)
+    NONE = "raw only"
+    CUSTOM = "custom"  # the store computes it its own way; `history_rollup` says where it is
+
+
+class Encode(StrEnum):
+    """How a value is coerced into its SQLite column (functions in nvmon.store.codec)."""
+
+    REAL = "real"  # a finite float
+    WHOLE = "whole"  # rounded to a whole number (watts, percentages: the sensor is no finer)
+    RATE = "rate"  # bytes/s rounded to whole bytes
+    INTEGER = "integer"
+    FLAG = "flag"  # truthy → 1, else 0
+    THROTTLE = "throttle"  # reason names → nvmlClocksEventReason bits
+    TEXT = "text"
+
+
+class Static(StrEnum):
+    """Where a metric that changes only with the hardware is kept (not per tick)."""
+
+    TICK = "tick"  # per tick (the default)
+    FACT = "fact"  # once per change, in the store's `inventory` facts and the wire's inventory
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    name: str  # `nvmon history --metric` name; units in the name (`_w`, `_hz`, `_bytes_per_s`)
+    unit: str  # for tables and docs: "W", "Hz", "B/s", "°C", "%", "count", "" ...
+    kind: Kind
+    scope: Scope
+    doc: str  # one line, shown in --help and the docs
+    path: str | None = None  # attribute path on the scope's Sample object; None: derived by the codec
+    column: str | None = None  # SQLite column of the scope's raw table; None: not stored
+    sql_type: str = "REAL"
+    encode: Encode = Encode.REAL
+    rollup: Rollup = Rollup.NONE
+    rollup_column: str | None = None  # rollup column when not derived from `column` (SUM, MAX)
+    avg_digits: int = 0  # the minute's average rounded to this many digits
+    history_raw: str | None = None  # SQL over the raw table when not `column`
+    history_rollup: tuple[tuple[str, str], ...] = ()  # (statistic, SQL) when not derived from `rollup`
+    decode: str | None = None  # history's decoder: "throttle", "ib_state", "ib_phys", "links"
+    label: str = ""  # short header (history's table, the TUI)
+    fmt: str = ""  # how views print it: "mhz", "mib", "c", "" (plain)
+    wire: str | None = None  # key of the per-GPU array in the wire `sample` (or `inventory` for FACT)
+    wire_digits: int | None = None  # None: an integer on the wire; else rounded to this many digits
+    static: Static = Static.TICK
+    history: bool = True  # offered by `nvmon history`
+
+    @property
+    def get(self) -> attrgetter:
+        """The getter of `path` (a metric without one has no getter)."""
+        if self.path is None:
+            raise AttributeError(f"metric {self.name} is derived by the store, it has no Sample path")
+        return attrgetter(self.path)
+
+    def rollup_stats(self) -> dict[str, str]:
+        """Statistic → SQL over the rollup table, as `nvmon history` reads the minute rows."""
+        if self.history_rollup:
+            return dict(self.history_rollup)
+        col = self.column
+        r = self.rollup
+        if col is None or r in (Rollup.NONE, Rollup.CUSTOM):
+            return {}
+        if r is Rollup.MIN_AVG_MAX:
+            return {"min": f"{col}_min", "avg": f"{col}_avg", "max": f"{col}_max"}
+        if r is Rollup.MIN_MAX:
+            return {"min": f"{col}_min", "max": f"{col}_max"}
+        if r is Rollup.MAX:
+            return {"max": self.rollup_column or f"{col}_max"}
+        if r is Rollup.SUM:
+            return {"sum": self.rollup_column or col}
+        return {"any": self.rollup_column or col}
+
+    def rollup_sql(self) -> list[tuple[str, str]]:
+        """(rollup column, aggregate over the raw column) for rollups done in SQL."""
+        col, r = self.column, self.rollup
+        if col is None:
+            return []
+        avg = f"round(avg({col}))" if not self.avg_digits else f"round(avg({col}), {self.avg_digits})"
+        if r is Rollup.MIN_AVG_MAX:
+            return [(f"{col}_min", f"min({col})"), (f"{col}_avg", avg), (f"{col}_max", f"max({col})")]
+        if r is Rollup.MIN_MAX:
+            return [(f"{col}_min", f"min({col})"), (f"{col}_max", f"max({col})")]
+        if r is Rollup.MAX:
+            return [(self.rollup_column or f"{col}_max", f"max({col})")]
+        if r is Rollup.SUM:
+            return [(self.rollup_column or col, f"sum({col})")]
+        return []
+
+
+G, L, IB, N = Scope.GPU, Scope.NVLINK, Scope.IB_PORT, Scope.NODE
+E = Encode
+R = Rollup
+
+METRICS: tuple[Metric, ...] = (
+    # -- per GPU (the order of `nvmon history --help`) ------------------------------------------------------
+    Metric("power_w", "W", Kind.GAUGE, G, "board power draw (whole watts)", "power_w", "power_w",
+           encode=E.WHOLE, rollup=R.MIN_AVG_MAX, label="power", wire="p", wire_digits=1),
+    Metric("power_limit_w", "W", Kind.GAUGE, G, "enforced power limit", "power_limit_w", "power_limit_w",
+           rollup=R.MIN_MAX, label="limit", wire="pl", wire_digits=1),
+    Metric("energy_j", "J", Kind.COUNTER, G, "energy counter since driver load (raw ticks only)", "energy_j",
+           "energy_j", encode=E.RATE, label="energy"),
+    Metric("temperature_c", "°C", Kind.GAUGE, G, "GPU temperature", "temperature_c", "temperature_c",
+           rollup=R.MIN_AVG_MAX, label="temp", fmt="c", wire="t", wire_digits=0),
+    Metric("utilization_pct", "%", Kind.GAUGE, G, "GPU utilization", "utilization_pct", "utilization_pct",
+           rollup=R.MIN_AVG_MAX, label="util", wire="u", wire_digits=0),
+    Metric("throttle", "", Kind.BITMASK, G, "clock throttle reasons (rollups: any during the minute)",
+           "throttle_reasons", "throttle_mask", "INTEGER", E.THROTTLE, R.ANY, decode="throttle", label="throttle"),
+    Metric("lost", "", Kind.STATE, G, "GPU fell off the bus (rollups: ticks lost in the minute)",
+           "lost", "lost", "INTEGER NOT NULL", E.FLAG, R.SUM, "lost_samples", label="lost"),
+    Metric("pcie_gen", "", Kind.GAUGE, G, "current PCIe generation (drops at idle by design)", "pcie.gen",
+           "pcie_gen", "INTEGER", E.INTEGER, R.MIN_MAX, label="gen", wire="pg"),
+    Metric("pcie_width", "lanes", Kind.GAUGE, G, "current PCIe link width", "pcie.width", "pcie_width",
+           "INTEGER", E.INTEGER, R.MIN_MAX, label="width", wire="pw"),
+    Metric("pcie_tx_bytes_per_s", "B/s", Kind.RATE, G, "PCIe transmit rate", "pcie.tx_bytes_per_s",
+           "pcie_tx_bytes_per_s", encode=E.RATE, rollup=R.MIN_AVG_MAX, label="pcie tx", wire="pt"),
+    Metric("pcie_rx_bytes_per_s", "B/s", Kind.RATE, G, "PCIe receive rate", "pcie.rx_bytes_per_s",
+           "pcie_rx_bytes_per_s", encode=E.RATE, rollup=R.MIN_AVG_MAX, label="pcie rx", wire="pr"),
+    Metric("pcie_replay_delta", "count", Kind.COUNTER, G, "PCIe replays in the interval",
+           "pcie.replay_errors_delta", "pcie_replay_delta", "INTEGER", E.INTEGER, R.SUM, label="replays"),
+    Metric("pcie_replay_errors", "count", Kind.COUNTER, G, "PCIe replays since driver load",
+           "pcie.replay_errors", history=False),
+    # Static facts: the store keeps them in `inventory` (a row when they change), not per tick.
+    Metric("power_default_limit_w", "W", Kind.GAUGE, G, "default power limit", "power_default_limit_w",
+           "power_default_limit_w", static=Static.FACT, history=False),
+    Metric("power_max_limit_w", "W", Kind.GAUGE, G, "highest power limit that can be set", "power_max_limit_w",
+           "power_max_limit_w", static=Static.FACT, history=False),
+    Metric("pcie_max_gen", "", Kind.GAUGE, G, "highest PCIe generation GPU and slot allow", "pcie.max_gen",
+           "pcie_max_gen", "INTEGER", E.INTEGER, static=Static.FACT, history=False),
+    Metric("pcie_max_width", "lanes", Kind.GAUGE, G, "widest PCIe link GPU and slot allow", "pcie.max_width",
+           "pcie_max_width", "INTEGER", E.INTEGER, static=Static.FACT, history=False),
+    Metric("pcie_device_max_gen", "", Kind.GAUGE, G, "highest PCIe generation the GPU itself supports",
+           "pcie.device_max_gen", "pcie_device_max_gen", "INTEGER", E.INTEGER, static=Static.FACT, history=False),
+    Metric("nvlink_count", "links", Kind.GAUGE, G, "NVLinks present (NVML_FI_DEV_NVLINK_LINK_COUNT)",
+           "nvlink_count", "nvlink_count", "INTEGER", E.INTEGER, static=Static.FACT, history=False),
+    # Derived by the codec from the GPU's links (nvmon.store.codec.LINK_COLUMNS).
+    Metric("nvlink_active", "links", Kind.GAUGE, G, "active NVLinks", None, "nvlink_active", "INTEGER",
+           rollup=R.MIN_MAX, label="links up"),
+    Metric("nvlink_up_mask", "", Kind.BITMASK, G, "bit n: link n active", None, "nvlink_up_mask", "INTEGER",
+           history=False),
+    Metric("nvlink_down", "links", Kind.BITMASK, G, "NVLinks known down (rollups: down at any time in the minute)",
+           None, "nvlink_down_mask", "INTEGER", rollup=R.ANY, decode="links", label="down"),
+    Metric("nvlink_tx_bytes_per_s", "B/s", Kind.RATE, G, "NVLink transmit, all links", None,
+           "nvlink_tx_bytes_per_s", rollup=R.MIN_AVG_MAX, label="nvl tx"),
+    Metric("nvlink_rx_bytes_per_s", "B/s", Kind.RATE, G, "NVLink receive, all links", None,
+           "nvlink_rx_bytes_per_s", rollup=R.MIN_AVG_MAX, label="nvl rx"),
+    Metric("nvlink_errors_delta", "count", Kind.COUNTER, G, "NVLink error counts in the interval (all kinds, links)",
+           None, "nvlink_errors_delta", "INTEGER", rollup=R.SUM, label="nvl errs"),
+    # -- per NVLink: stored per GPU row as uint16 blobs and masks (docs/store.md) ----------------
+    Metric("link_tx_bytes_per_s", "B/s", Kind.RATE, L, "one NVLink's transmit rate (1 MB/s steps)",
+           None, "nvlink_tx_mb", "BLOB", rollup=R.CUSTOM,
+           history_rollup=(("avg", "nvlink_tx_mb_avg"), ("max", "nvlink_tx_mb_max")), label="tx"),
+    Metric("link_rx_bytes_per_s", "B/s", Kind.RATE, L, "one NVLink's receive rate (1 MB/s steps)",
+           None, "nvlink_rx_mb", "BLOB", rollup=R.CUSTOM,
+           history_rollup=(("avg", "nvlink_rx_mb_avg"), ("max", "nvlink_rx_mb_max")), label="rx"),
+    Metric("link_active", "", Kind.STATE, L, "link state: 1 active, 0 down (rollups: 0 if down at any time)",
+           None, None, rollup=R.CUSTOM, history_rollup=(("min", "nvlink_down_mask"),), label="active"),
+    # -- per InfiniBand port (ib_ticks) --------------------------------------------------------
+    Metric("ib_state", "", Kind.STATE, IB, "InfiniBand port state (ACTIVE, DOWN, ...)", "state", "state",
+           "INTEGER", decode="ib_state", label="state"),
+    Metric("ib_phys_state", "", Kind.STATE, IB, "physical state (LinkUp, Polling, Disabled, ...)", "phys_state",
+           "phys_state", "INTEGER", decode="ib_phys", label="phys"),
+    Metric("ib_active", "", Kind.STATE, IB, "1 when ACTIVE (rollups: fraction of the minute)", None, None,
+           rollup=R.CUSTOM, history_raw="(state = 4)",
+           history_rollup=(("avg", "round(1.0 * active_samples / samples, 3)"),), label="active"),
+    Metric("ib_rate_gbps", "Gb/s", Kind.GAUGE, IB, "port rate (HDR 200, NDR 400)", "rate_gbps", "rate_gbps",
+           rollup=R.MIN_AVG_MAX, label="rate"),
+    Metric("ib_tx_bytes_per_s", "B/s", Kind.RATE, IB, "port transmit rate", "tx_bytes_per_s", "tx_bytes_per_s",
+           encode=E.RATE, rollup=R.MIN_AVG_MAX, label="tx"),
+    Metric("ib_rx_bytes_per_s", "B/s", Kind.RATE, IB, "port receive rate", "rx_bytes_per_s", "rx_bytes_per_s",
+           encode=E.RATE, rollup=R.MIN_AVG_MAX, label="rx"),
+    Metric("ib_errors_delta", "count", Kind.COUNTER, IB, "port error counts in the interval (all kinds)", None,
+           "errors_delta", "INTEGER", rollup=R.SUM, label="errs"),
+    # -- per node (ticks) ----------------------------------------------------------------------
+    Metric("node_power_w", "W", Kind.GAUGE, N, "sum of GPU power", None, "gpu_power_w", rollup=R.MIN_AVG_MAX,
+           label="power"),
+    Metric("gpus_lost", "", Kind.GAUGE, N, "GPUs lost", None, "gpus_lost", "INTEGER NOT NULL", rollup=R.MAX,
+           label="lost"),
+    Metric("cpu_pct", "%", Kind.GAUGE, N, "host CPU use", "host.cpu_pct", "cpu_pct", encode=E.WHOLE,
+           rollup=R.MIN_AVG_MAX, label="cpu"),
+    Metric("mem_used_pct", "%", Kind.GAUGE, N, "host memory use", "host.mem_used_pct", "mem_used_pct",
+           encode=E.WHOLE, rollup=R.MIN_AVG_MAX, label="mem"),
+    Metric("load1", "", Kind.GAUGE, N, "host 1-minute load average", "host.load1", "load1",
+           rollup=R.MIN_AVG_MAX, avg_digits=2, label="load1"),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def of_scope(scope: Scope) -> tuple[Metric, ...]:
+    return tuple(m for m in METRICS if m.scope is scope)
+
+
+# The GPU metrics the store reads straight from a GpuSample, one column each, in catalog order.
+GPU_TICK_SCALARS: tuple[Metric, ...] = tuple(
+    m for m in of_scope(G) if m.path is not None and m.column is not None and m.static is Static.TICK)
+# GPU metrics kept as facts (inventory), not per tick.
+GPU_FACTS: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.path is not None and m.static is Static.FACT)
+# Per-GPU arrays of the wire `sample` payload filled from a metric's path.
+GPU_WIRE: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.wire and m.path and m.static is Static.TICK)

@@ -1,0 +1,120 @@
+"""The metric catalog (nvmon.catalog) against the layers it drives: schema, codec, rollups,
+history, exporter and docs. A metric added to the catalog must show everywhere, or these fail."""
+
+from __future__ import annotations
+
+import ast
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from nvmon import catalog
+from nvmon.catalog import BY_NAME, FAMILIES, GPU_TICK_SCALARS, METRICS, Rollup, Scope, Static
+from nvmon.catalog.docs import TABLES, render, stale
+from nvmon.store import codec, rollup
+from nvmon.store.schema import migrate
+from samplefactory import healthy_sample
+
+REPO = Path(__file__).resolve().parent.parent
+RAW = {Scope.GPU: "gpu_ticks", Scope.IB_PORT: "ib_ticks", Scope.NODE: "ticks"}
+MINUTES = {Scope.GPU: "gpu_minutes", Scope.IB_PORT: "ib_minutes", Scope.NODE: "node_minutes",
+           Scope.NVLINK: "gpu_minutes"}
+
+
+@pytest.fixture(scope="module")
+def columns() -> dict[str, list[str]]:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    migrate(conn)
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")]
+    out = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+    conn.close()
+    return out
+
+
+def test_names_are_unique_and_say_their_units():
+    assert len(BY_NAME) == len(METRICS)
+    for m in METRICS:
+        if m.unit == "W":
+            assert m.name.endswith("_w"), m.name
+        if m.unit == "Hz":
+            assert m.name.endswith("_hz"), m.name
+        if m.unit == "B":
+            assert m.name.endswith("_bytes"), m.name
+        if m.unit == "B/s":
+            assert m.name.endswith("_bytes_per_s"), m.name
+
+
+def test_every_path_reads_a_value_of_the_sample():
+    s = healthy_sample()
+    on = {Scope.GPU: s.gpus[0], Scope.IB_PORT: s.ib[0], Scope.NODE: s}
+    for m in METRICS:
+        if m.path is not None:
+            m.get(on[m.scope])  # raises AttributeError on a path the model does not have
+
+
+def test_every_stored_column_exists_and_every_tick_column_is_written(columns):
+    for m in METRICS:
+        if m.column and m.static is Static.TICK and m.scope in RAW:
+            assert m.column in columns[RAW[m.scope]], m.name
+    # The GPU row writes every column of gpu_ticks, each once; likewise the node and port rows.
+    assert sorted(codec.GPU_COLUMNS) == sorted(columns["gpu_ticks"])
+    assert sorted(codec.TICK_COLUMNS) == sorted(columns["ticks"])
+    assert sorted(codec.IB_COLUMNS) == sorted(columns["ib_ticks"])
+    row = codec.gpu_row(1000, healthy_sample().gpus[0])
+    assert len(row) == len(codec.GPU_COLUMNS)
+
+
+def test_every_rollup_column_exists(columns):
+    for m in METRICS:
+        if m.scope in MINUTES and m.rollup not in (Rollup.NONE, Rollup.CUSTOM):
+            for col, _ in m.rollup_sql():
+                assert col in columns[MINUTES[m.scope]], (m.name, col)
+    gpu_cols = [c.strip() for c in rollup._GPU_COLUMNS.split(",")]
+    assert sorted(gpu_cols) == sorted(columns["gpu_minutes"])
+
+
+def test_history_offers_every_history_metric():
+    from nvmon.store.metrics import BY_NAME as HISTORY
+
+    assert [m.name for m in METRICS if m.history] == list(HISTORY)
+
+
+def test_families_name_catalog_metrics_with_a_gpu_path():
+    for f in FAMILIES:
+        if f.metric is not None:
+            m = BY_NAME[f.metric]
+            assert f.scope == "GPU" and m.scope is Scope.GPU and m.path is not None, f.name
+    assert len({f.name for f in FAMILIES}) == len(FAMILIES)
+
+
+def test_the_gpu_row_is_the_catalogs_scalars_in_order():
+    g = healthy_sample().gpus[0]
+    row = codec.gpu_row(5, g)
+    for m, v in zip(GPU_TICK_SCALARS, row[2:]):
+        assert codec.ENCODERS[m.encode](m.get(g)) == v, m.name
+
+
+def test_docs_hold_the_tables_the_catalog_generates():
+    assert stale(REPO) == [], "run: python -m nvmon.catalog.docs"
+
+
+def test_a_new_catalog_entry_changes_the_generated_docs(monkeypatch):
+    from nvmon.catalog import docs, metrics
+
+    extra = catalog.Metric("demo_hz", "Hz", catalog.Kind.GAUGE, Scope.GPU, "a metric only this test has",
+                           "power_w", "demo_hz")
+    monkeypatch.setattr(docs, "METRICS", metrics.METRICS + (extra,))
+    text = (REPO / "docs" / "store.md").read_text()
+    assert "`demo_hz`" in render(text, TABLES["docs/store.md"])
+
+
+def test_the_catalog_is_a_leaf():
+    """It imports the standard library and nvmon.model only, so every layer may import it."""
+    for path in (REPO / "nvmon" / "catalog").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if name.startswith("nvmon"):
+                    assert name == "nvmon.model" or name.startswith("nvmon.catalog"), (path.name, name)
