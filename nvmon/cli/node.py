@@ -1,5 +1,7 @@
-"""The `nvmon` command. Each subcommand is a thin front end over the library; bad input gives a
-one-line error and a non-zero exit, never a traceback (set NVMON_DEBUG=1 to see one)."""
+"""The commands about this node: `sample` and `audit` (once), `daemon` (the node agent), `profiles`.
+
+`--sim SPEC` puts a simulated board (nvmon.sim) in place of the hardware for any of them.
+"""
 
 from __future__ import annotations
 
@@ -12,26 +14,13 @@ from pathlib import Path
 
 import click
 
-from nvmon import __version__
+from nvmon.cli.common import NvmonError, check_interval
 
 NODE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-class NvmonError(click.ClickException):
-    """A user-facing one-line error."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"nvmon: {self.format_message()}", err=True)
-
-
 class AuditError(NvmonError):
     exit_code = 3  # Nagios UNKNOWN: the check itself could not run
-
-
-def _check_interval(ctx, param, value: float) -> float:
-    if not 0.05 <= value <= 300:
-        raise click.BadParameter("must be between 0.05 and 300 seconds")
-    return value
 
 
 def _check_node(ctx, param, value: str | None) -> str | None:
@@ -59,7 +48,7 @@ def sampling_options(f):
     f = click.option("--sim", metavar="SPEC",
                      help="Simulate a board instead of reading hardware, e.g. 'hgx-h100' or "
                           "'hgx-h100,nvlink_down=2.5,ib_rate=mlx5_1:100'. See `nvmon profiles`.")(f)
-    f = click.option("--interval", type=float, default=1.0, show_default=True, callback=_check_interval,
+    f = click.option("--interval", type=float, default=1.0, show_default=True, callback=check_interval,
                      help="Seconds between the two readings that rates are measured over.")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/sample-schema.md).")(f)
     return f
@@ -95,19 +84,7 @@ def _take_sample(sim: str | None, sysfs_root: Path | None, node: str | None, int
             sim_node.close()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="nvmon")
-def cli() -> None:
-    """nvmon — NVLink, PCIe, power and InfiniBand health of 8-GPU servers.
-
-    \b
-    Start here:  nvmon demo                       (a simulated fleet + the TUI; no GPU, no broker)
-    On a node:   nvmon sample    /    nvmon audit --expect-ib 8x400
-    Ops view:    nvmon tui --broker mqtt://broker:1883
-    """
-
-
-@cli.command()
+@click.command()
 @sampling_options
 def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | None, node: str | None) -> None:
     """One snapshot of this node: GPUs, NVLink per link, PCIe, power, InfiniBand, topology.
@@ -128,7 +105,7 @@ def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | N
         Console().print(render_sample(s))
 
 
-@cli.command()
+@click.command()
 @sampling_options
 @click.option("--expect-gpus", type=click.IntRange(1, 64), metavar="N", help="GPUs this node must have.")
 @click.option("--expect-ib", metavar="PORTSxGBPS", help="Active InfiniBand ports and rate, e.g. 8x200.")
@@ -166,7 +143,7 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
     sys.exit(EXIT_CODES[report.verdict])
 
 
-@cli.command()
+@click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="TOML config (default /etc/nvmon/nvmon.toml if it exists; example: systemd/nvmon.toml).")
 @click.option("--broker", metavar="URL", help="mqtt://host:port or mqtts://host:port; '' to not publish.")
@@ -222,7 +199,7 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
     sys.exit(status)
 
 
-@cli.command()
+@click.command()
 def profiles() -> None:
     """List the simulator's board profiles and the --sim syntax."""
     from nvmon.sim import scenario
@@ -231,53 +208,3 @@ def profiles() -> None:
     for p in PROFILES.values():
         click.echo(f"  {p.key:<11} {p.description}")
     click.echo("\n--sim syntax:\n" + scenario.__doc__.split("Syntax:", 1)[1])
-
-
-def _register_subcommands() -> None:
-    """Commands that live with their part of the package (store, fleet)."""
-    from nvmon.alerts.cli import alerts_command
-    from nvmon.alerts.hooks_cli import hooks_group
-    from nvmon.demo.cli import demo_command
-    from nvmon.fleet.cli import sim_fleet_command
-    from nvmon.fleet.service import fleet_command
-    from nvmon.store.cli import history_command
-    from nvmon.tui.cli import tui_command
-
-    cli.add_command(alerts_command)
-    cli.add_command(demo_command)
-    cli.add_command(history_command)
-    cli.add_command(hooks_group)
-    cli.add_command(fleet_command)
-    cli.add_command(sim_fleet_command)
-    cli.add_command(tui_command)
-
-
-_register_subcommands()
-
-
-def main() -> None:
-    """Console entry point: one-line errors for everything, tracebacks only with NVMON_DEBUG=1."""
-    try:
-        cli(standalone_mode=False)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.Abort:
-        click.echo("nvmon: aborted", err=True)
-        sys.exit(130)
-    except click.UsageError as e:
-        cmd = e.ctx.command_path if e.ctx else "nvmon"
-        code = 3 if e.ctx is not None and e.ctx.info_name == "audit" else 2
-        click.echo(f"{cmd}: {e.format_message()}", err=True)
-        sys.exit(code)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
-    except Exception as e:  # a bug: say so in one line, keep the traceback for NVMON_DEBUG=1
-        if os.environ.get("NVMON_DEBUG"):
-            raise
-        click.echo(f"nvmon: internal error: {type(e).__name__}: {e} (set NVMON_DEBUG=1 for details)", err=True)
-        sys.exit(70)

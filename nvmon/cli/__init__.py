@@ -1,0 +1,12 @@
+"""The `nvmon` command line: the front ends over the library, one module per command or group.
+
+    main.py     the root group, `main()` (the console entry point `nvmon.cli:main`), registration
+    common.py   what the commands share: the one error class (`NvmonError`), option checks
+    node.py     sample, audit, daemon, profiles: the commands run on a node
+
+Nothing below this package imports it (tests/test_layers.py); it may import any layer.
+"""
+
+from nvmon.cli.main import cli, main
+
+__all__ = ["cli", "main"]

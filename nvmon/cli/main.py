@@ -1,0 +1,70 @@
+"""The `nvmon` command. Each subcommand is a thin front end over the library; bad input gives a
+one-line error and a non-zero exit, never a traceback (set NVMON_DEBUG=1 to see one)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from nvmon import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="nvmon")
+def cli() -> None:
+    """nvmon — NVLink, PCIe, power and InfiniBand health of 8-GPU servers.
+
+    \b
+    Start here:  nvmon demo                       (a simulated fleet + the TUI; no GPU, no broker)
+    On a node:   nvmon sample    /    nvmon audit --expect-ib 8x400
+    Ops view:    nvmon tui --broker mqtt://broker:1883
+    """
+
+
+def _register_subcommands() -> None:
+    """One module per command or group in this package; the rest still live with their part of the package."""
+    from nvmon.alerts.cli import alerts_command
+    from nvmon.alerts.hooks_cli import hooks_group
+    from nvmon.cli.node import audit, daemon, profiles, sample
+    from nvmon.demo.cli import demo_command
+    from nvmon.fleet.cli import sim_fleet_command
+    from nvmon.fleet.service import fleet_command
+    from nvmon.store.cli import history_command
+    from nvmon.tui.cli import tui_command
+
+    for command in (sample, audit, daemon, profiles, alerts_command, demo_command, history_command, hooks_group,
+                    fleet_command, sim_fleet_command, tui_command):
+        cli.add_command(command)
+
+
+_register_subcommands()
+
+
+def main() -> None:
+    """Console entry point: one-line errors for everything, tracebacks only with NVMON_DEBUG=1."""
+    try:
+        cli(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("nvmon: aborted", err=True)
+        sys.exit(130)
+    except click.UsageError as e:
+        cmd = e.ctx.command_path if e.ctx else "nvmon"
+        code = 3 if e.ctx is not None and e.ctx.info_name == "audit" else 2
+        click.echo(f"{cmd}: {e.format_message()}", err=True)
+        sys.exit(code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:  # a bug: say so in one line, keep the traceback for NVMON_DEBUG=1
+        if os.environ.get("NVMON_DEBUG"):
+            raise
+        click.echo(f"nvmon: internal error: {type(e).__name__}: {e} (set NVMON_DEBUG=1 for details)", err=True)
+        sys.exit(70)
