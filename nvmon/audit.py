@@ -21,11 +21,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from nvmon import xid as xids
+from nvmon.codes import NODE_CODES, Severity
 from nvmon.model import GpuSample, IbPortSample, Sample, Topology, to_jsonable
 from nvmon.specs import IB_RATE_NAMES, GpuSpec, NodeSpec, gpu_spec_for
 
-SEVERITIES = ("critical", "warning", "info")  # most severe first
-SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 AUDIT_SCHEMA = 1  # version of the `nvmon audit --json` contract
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2, "unknown": 3}  # Nagios plugin convention
 
@@ -33,15 +32,7 @@ EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2, "unknown": 3}  # Nagios plug
 POWER_THROTTLES = ("sw_power_cap", "hw_power_brake")
 THERMAL_THROTTLES = ("sw_thermal", "hw_thermal", "hw_slowdown")
 
-RULES: dict[str, str] = {  # code → severity; the documented, stable set
-    "nvml.unavailable": "warning", "gpu.count": "critical", "gpu.lost": "critical", "gpu.model": "info",
-    "gpu.xid": "critical",  # the most severe; each finding carries its Xid's own (nvmon/xid.py)
-    "nvlink.link_down": "critical", "nvlink.topology": "critical", "nvlink.board": "info",
-    "nvlink.speed": "warning", "nvlink.errors": "warning",
-    "pcie.width": "warning", "pcie.gen": "warning", "pcie.replay": "warning",
-    "power.limit": "warning", "power.cap": "warning", "thermal": "warning",
-    "ib.port_down": "critical", "ib.rate": "warning", "ib.errors": "warning", "ib.count": "warning",
-}
+RULES: dict[str, Severity] = {code: c.severity for code, c in NODE_CODES.items()}  # the stable set
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,11 +382,37 @@ def _check_ib(ports: tuple[IbPortSample, ...], node_spec: NodeSpec) -> list[Find
             what = ", ".join(f"{k} +{v}" for k, v in rising.items())
             out.append(_finding("ib.errors", f"{name} errors rising: {what}",
                                 observed=dict(p.errors_delta), expected=0, **where))
+    out += _check_hca_pcie(ports)
     if node_spec.ib_ports and (len(ports) < node_spec.ib_ports or len(active) < node_spec.ib_ports):
         out.append(_finding(
             "ib.count",
             f"{len(ports)} IB ports present, {len(active)} active, expected {node_spec.ib_ports}",
             observed={"present": len(ports), "active": len(active)}, expected=node_spec.ib_ports))
+    return out
+
+
+def _check_hca_pcie(ports: tuple[IbPortSample, ...]) -> list[Finding]:
+    """One finding per HCA (not per port: a dual-port HCA has one PCIe link) trained below what its
+    link allows. An HCA, unlike a GPU, does not lower its PCIe gen to save power: a low gen counts
+    always. HDR/NDR need the full Gen4/Gen5 x16 to reach line rate."""
+    out: list[Finding] = []
+    seen: set[str] = set()
+    for port in ports:
+        p = port.pcie
+        if port.device in seen:
+            continue
+        seen.add(port.device)
+        bdf = f" ({port.pci_bus_id})" if port.pci_bus_id else ""
+        if p.width is not None and p.max_width is not None and p.width < p.max_width:
+            out.append(_finding(
+                "pcie.width", f"{port.device}{bdf} HCA PCIe x{p.width}, expected x{p.max_width}: "
+                "the port cannot reach line rate; reseat the HCA or riser, check BIOS bifurcation",
+                device=port.device, observed=f"x{p.width}", expected=f"x{p.max_width}"))
+        if p.gen is not None and p.max_gen is not None and p.gen < p.max_gen:
+            out.append(_finding(
+                "pcie.gen", f"{port.device}{bdf} HCA PCIe Gen{p.gen}, link allows Gen{p.max_gen}: "
+                "check riser/retimer signal integrity and BIOS PCIe speed",
+                device=port.device, observed=f"Gen{p.gen}", expected=f"Gen{p.max_gen}"))
     return out
 
 

@@ -27,11 +27,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from nvmon.codes import Severity
 from nvmon.tomlfile import TomlFileError, read_toml
 
 HOOK_TYPES = ("exec", "webhook", "alertmanager", "pagerduty", "slack")
 HOOK_STATUSES = ("firing", "resolved")
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -161,7 +161,7 @@ class HookConfig(BaseModel):
         return self.url
 
     def wants_severity(self, severity: str) -> bool:
-        return SEVERITY_RANK.get(severity, 0) >= SEVERITY_RANK[self.min_severity]
+        return Severity.rank_of(severity) <= Severity.rank_of(self.min_severity)  # unknown words: least severe
 
 
 def check_url(url: str) -> None:

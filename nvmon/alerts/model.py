@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from nvmon.codes import FLEET_CODES as _FLEET_CODES
+
 STATUSES = ("pending", "firing", "resolved")
-SEVERITIES = ("info", "warning", "critical")
-# Codes beyond the audit's RULES that only the fleet evaluator raises.
-FLEET_CODES = {"node.offline": "critical", "node.stale": "warning", "rack.power": "warning",
-               "fleet.same_fault": "critical"}
+# Codes beyond the audit's RULES that only the fleet evaluator raises: code → severity.
+FLEET_CODES = {code: c.severity for code, c in _FLEET_CODES.items()}
 
 
 def fingerprint(code: str, cluster: str, node: str | None, *, gpu: int | None = None, link: int | None = None,
@@ -52,7 +52,7 @@ class AlertRecord:
     fingerprint: str
     status: str  # STATUSES
     code: str  # an audit finding code (nvmon.audit.RULES) or a FLEET_CODES key
-    severity: str  # SEVERITIES
+    severity: str  # a nvmon.codes.Severity word
     cluster: str
     node: str | None  # None for rack/fleet-wide alerts
     summary: str

@@ -31,6 +31,7 @@ from nvmon.alerts.model import AlertRecord, fingerprint
 from nvmon import xid as xids
 from nvmon.alerts.settings import AlertsSettings
 from nvmon.audit import RULES, Finding, Thresholds, audit
+from nvmon.codes import NODE_CODES
 from nvmon.model import Sample, to_jsonable
 from nvmon.specs import NodeSpec
 
@@ -47,36 +48,7 @@ GRACE_CODES = frozenset({"nvlink.link_down", "nvlink.topology", "nvlink.speed", 
                          "ib.count", "pcie.width", "pcie.gen"})
 _GPU_SCOPED = ("gpu.", "nvlink.", "pcie.", "power.", "thermal")  # judged from NVML
 
-RUNBOOKS: dict[str, str] = {
-    "nvml.unavailable": "Check the NVIDIA driver: nvidia-smi, dmesg | grep -i -e nvrm -e xid; reload the "
-                        "driver or reboot",
-    "gpu.count": "GPU missing: check seating and power cables, lspci | grep -i nvidia, dmesg for Xid 79",
-    "gpu.lost": "GPU fell off the bus: drain the node, check dmesg for Xid 79/48, reset the GPU "
-                "(nvidia-smi -r) or reboot; RMA if it recurs",
-    "gpu.xid": "Xid error: the alert's summary names the Xid; see NVIDIA's Xid catalog and dmesg | grep -i xid",
-    "nvlink.link_down": "NVLink down: drain the node, check nvidia-smi nvlink -s and the fabric manager; "
-                        "reseat the GPU/baseboard (or the bridge on paired cards)",
-    "nvlink.topology": "Board not wired as its spec says: compare nvidia-smi topo -m with the spec, check "
-                       "the fabric manager and NVSwitches; hold the vendor to the spec",
-    "nvlink.speed": "NVLink trained below spec: check nvidia-smi nvlink -s, driver and firmware; reseat",
-    "nvlink.errors": "NVLink errors rising: check nvidia-smi nvlink -e; reset the GPU, reseat or replace "
-                     "the GPU/bridge if it persists",
-    "pcie.width": "PCIe {observed}: reseat the GPU or riser, check BIOS bifurcation",
-    "pcie.gen": "PCIe below its generation under load: check riser/retimer signal integrity and the BIOS "
-                "PCIe speed setting",
-    "pcie.replay": "PCIe replays rising: signal integrity; reseat the GPU or riser, check retimers and slot",
-    "power.limit": "Enforced power limit below spec: check nvidia-smi -q -d POWER and nvidia-smi -pl, "
-                   "the PSUs and the rack power budget",
-    "power.cap": "GPU held at its power limit: check the enforced limit, PSUs and rack budget; "
-                 "expected only briefly at peak load",
-    "thermal": "GPU thermal slowdown: check airflow, fans, inlet temperature and blanking panels",
-    "ib.port_down": "IB port down: check cable and transceiver, the switch port, ibstat and the subnet manager",
-    "ib.rate": "IB port below the expected rate or in Ethernet mode: check cable/transceiver type (HDR vs "
-               "HDR100/EDR), switch port speed, ibstat; link type with mlxconfig",
-    "ib.errors": "IB errors rising: check perfquery, cable and transceiver; replace the cable if symbol "
-                 "errors or link_downed keep rising",
-    "ib.count": "Fewer active IB ports than expected: check ibstat, HCAs, cables and the driver",
-}
+RUNBOOKS: dict[str, str] = {code: c.runbook for code, c in NODE_CODES.items()}  # one table: nvmon.codes
 
 NODE_RULES: dict[str, str] = {code: sev for code, sev in RULES.items() if code not in SKIPPED}  # code → severity
 
@@ -200,7 +172,9 @@ class NodeRules:
     def holds(self, sample: Sample) -> Callable[[AlertRecord], bool]:
         """A predicate: True for an alert this sample cannot judge (its absence proves nothing)."""
         if not sample.nvml.available:
-            return lambda r: r.code != "nvml.unavailable" and r.code.startswith(_GPU_SCOPED)
+            # An HCA's PCIe link (device set, no GPU) is read from sysfs: still judged.
+            return lambda r: (r.code != "nvml.unavailable" and r.code.startswith(_GPU_SCOPED)
+                              and not (r.device is not None and r.gpu is None))
         lost = {g.index for g in sample.gpus if g.lost}
         if not lost:
             return lambda r: False

@@ -32,6 +32,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvmon.alerts.model import FLEET_CODES, fingerprint
+from nvmon.codes import FLEET_CODES as _FLEET
 from nvmon.alerts.rules import Condition, RuleSpec
 from nvmon.fleet.state import FleetState
 
@@ -46,15 +47,11 @@ NODES_IN_SUMMARY = 5
 # default keepalive of 10 s), not first as stale and then as offline; the stale alert, still pending,
 # then ends without a page. clear_s keeps a node in a crash loop (up for seconds, gone again) one
 # episode, not a page per restart.
-DEFAULTS: dict[str, tuple[float, float, str]] = {
-    "node.offline": (0.0, 30.0, "Node's daemon is gone: ping/ssh the host, check its BMC (power, console), "
-                                "systemctl status nvmon-daemon, the network path to the broker"),
-    "node.stale": (20.0, 30.0, "Node says online but sends no samples: journalctl -u nvmon-daemon (a hung NVML "
-                              "call shows as a watchdog restart), nvidia-smi, the broker's ACL and load"),
-    "rack.power": (60.0, 60.0, "Rack draws more than its budget: check which nodes run hot (nvmon tui), the PDU "
-                               "readings, and lower GPU power limits (nvidia-smi -pl) or move jobs"),
-    "fleet.same_fault": (0.0, 60.0, "Many nodes share one fault: look for the common cause first (switch, PDU, "
-                                    "fabric manager, a driver or firmware rollout) before working node by node"),
+DEFAULTS: dict[str, tuple[float, float, str]] = {  # runbooks: the one table in nvmon.codes
+    "node.offline": (0.0, 30.0, _FLEET["node.offline"].runbook),
+    "node.stale": (20.0, 30.0, _FLEET["node.stale"].runbook),
+    "rack.power": (60.0, 60.0, _FLEET["rack.power"].runbook),
+    "fleet.same_fault": (0.0, 60.0, _FLEET["fleet.same_fault"].runbook),
 }
 assert set(DEFAULTS) == set(FLEET_CODES)
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from nvmon.codes import Severity
 from nvmon.alerts.model import AlertRecord, Silence
 from nvmon.alerts.shared import SharedControls, ack_key, engine_controls
 from nvmon.fleet.state import FleetState, NodeKey
-from nvmon.tui.text import SEVERITY_RANK
 from nvmon.wire.contract import Alert
 from nvmon.wire.control import ControlSet, SharedAck
 
@@ -131,5 +131,5 @@ class AlertLog:
         """Every active alert, most severe first, then oldest, then by node."""
         rows = [Row(view.key, a) for view in state.nodes.values() if view.alerts is not None
                 for a in view.alerts.alerts]
-        rows.sort(key=lambda r: (SEVERITY_RANK.get(r.alert.severity, 9), r.alert.since, r.key, r.alert.fingerprint))
+        rows.sort(key=lambda r: (Severity.rank_of(r.alert.severity), r.alert.since, r.key, r.alert.fingerprint))
         return rows

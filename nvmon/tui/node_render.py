@@ -11,9 +11,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from nvmon.codes import Severity
 from nvmon.fleet.state import NodeView
 from nvmon.tui.rows import CRIT_C, HOT_C, c_status
-from nvmon.tui.text import BAD, DIM, OK, SEVERITY_RANK, SEVERITY_STYLE, SYMBOL, WARN, age, clean, gbs, known, \
+from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, age, clean, gbs, known, \
     literal, pct_style, short_model
 
 BOARD_WORDS = {
@@ -294,7 +295,7 @@ def alerts_block(view: NodeView, now: float) -> Text:
         out.append(f"{SYMBOL[OK]} none active" if view.alerts is not None else "none published", OK if view.alerts
                    else DIM)
         return out
-    for a in sorted(view.alerts.alerts, key=lambda a: (SEVERITY_RANK.get(a.severity, 9), a.since)):
+    for a in sorted(view.alerts.alerts, key=lambda a: (Severity.rank_of(a.severity), a.since)):
         st = SEVERITY_STYLE.get(a.severity, DIM)
         out.append(f"\n{SYMBOL.get(st, '?')} {clean(a.severity, 8):<8} ", st)
         out.append(f"{clean(a.code, 40):<18} ", "bold")

@@ -19,7 +19,6 @@ from rich.text import Text
 OK, WARN, BAD, DIM, INFO = "green", "yellow", "bold red", "dim", "cyan"
 SYMBOL = {OK: "✓", WARN: "⚠", BAD: "✗", INFO: "ℹ", DIM: " "}
 SEVERITY_STYLE = {"critical": BAD, "warning": WARN, "info": INFO}
-SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 Segment = tuple[str, str]  # (text, style): a cell is a tuple of segments, compared before building Text
 

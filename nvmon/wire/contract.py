@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from nvmon.codes import SEVERITIES
+
 SCHEMA = 1
 TOPIC_ROOT = "nvmon/v1"
 MAX_PAYLOAD_BYTES = 64 * 1024  # writers refuse to build, readers refuse to parse anything bigger
@@ -23,7 +25,7 @@ DELIVERY: dict[str, tuple[int, bool]] = {
 }
 
 STATUS_STATES = ("online", "offline")
-ALERT_SEVERITIES = ("critical", "warning", "info")
+ALERT_SEVERITIES = tuple(s.value for s in SEVERITIES)  # most severe first
 ALERT_STATES = ("pending", "firing", "resolved")
 
 # Bounds a reader enforces; generous for real hardware, small enough that a hostile payload

@@ -22,6 +22,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from nvmon.codes import Severity
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec, gpu_spec_for
 from nvmon.wire.contract import (
@@ -428,7 +429,6 @@ def inventory_payload(sample: Sample, *, cluster: str, rack: str | None = None,
     return encode(out)
 
 
-_SEVERITY_RANK = {s: i for i, s in enumerate(ALERT_SEVERITIES)}
 
 
 def _alert_dict(a: Alert) -> dict[str, Any]:
@@ -450,7 +450,7 @@ def _alert_dict(a: Alert) -> dict[str, Any]:
 def alerts_payload(alerts: Iterable[Alert], ts: float) -> bytes:
     """`alerts`: the full active set, most severe first. Past the size limit the least severe
     (then newest) alerts are left out and counted in `omitted`, so the set never fails to publish."""
-    items = sorted(alerts, key=lambda a: (_SEVERITY_RANK.get(a.severity, 9), a.since, a.fingerprint))
+    items = sorted(alerts, key=lambda a: (Severity.rank_of(a.severity), a.since, a.fingerprint))
     encoded = [encode(_alert_dict(a)) for a in items]
     ts_text = json.dumps(_num(ts, 3))
     # The envelope is at its largest when every alert is omitted (most digits in `omitted`).

@@ -18,33 +18,11 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from nvmon.alerts.model import iso
+from nvmon.codes import runbook
 from nvmon.tui.alertlog import AlertLog, Row, Shared
 from nvmon.tui.text import DIM, OK, SEVERITY_STYLE, SYMBOL, age, clean, literal
 from nvmon.tui.widgets.header import StatusHeader
 
-# What to look at first, per finding code (docs/audit.md has the full story); an alert's
-# `runbook` / `runbook_url` label wins over these.
-HINTS = {
-    "nvlink.link_down": "reseat/replace the NVLink bridge or baseboard; nvidia-smi nvlink -s",
-    "nvlink.errors": "CRC/replay errors rising: check the link, drain if it grows; nvidia-smi nvlink -e",
-    "nvlink.topology": "not all-to-all: pairs-bridged or missing NVSwitch; hold the vendor to the spec",
-    "nvlink.speed": "link trained below spec speed; check firmware and cabling",
-    "pcie.width": "GPU trained narrower than x16: reseat the card or riser; lspci -vv LnkSta",
-    "pcie.gen": "PCIe below spec gen under load: BIOS link speed setting, riser, retimer",
-    "pcie.replay": "PCIe replays rising: signal integrity; reseat, check the riser",
-    "power.limit": "power limit set below spec: nvidia-smi -q -d POWER; rack budget or admin setting",
-    "power.cap": "GPU at its power limit / power-throttling: check cooling and the limit",
-    "thermal": "GPU hot: airflow, fans, inlet temperature",
-    "gpu.lost": "GPU fell off the bus: dmesg Xid 79; needs a node reboot or RMA",
-    "gpu.count": "fewer GPUs than expected: nvidia-smi -L, dmesg",
-    "ib.port_down": "IB port down: cable, switch port, ibstat",
-    "ib.rate": "IB port below spec rate (100G instead of 200/400G): cable or switch config; ibstat",
-    "ib.errors": "IB symbol/receive errors rising: cable or transceiver; perfquery",
-    "ib.count": "fewer IB ports than expected: HCA missing or in Ethernet mode",
-    "node.offline": "node offline: host down or daemon stopped; systemctl status nvmon-daemon",
-    "node.stale": "node silent: network or broker path; check the daemon's log",
-    "rack.power": "rack draw near its budget: spread jobs or lower power limits",
-}
 NOT_CONNECTED = "no broker: marked in this view only"
 TITLE = "alerts"
 SILENCE_S = 2 * 3600.0  # `x`: silence the selected alert's node + code this long
@@ -52,7 +30,8 @@ SILENCE_S = 2 * 3600.0  # `x`: silence the selected alert's node + code this lon
 
 def hint(alert) -> str:
     labels = alert.labels or {}
-    return labels.get("runbook") or labels.get("runbook_url") or HINTS.get(alert.code, "")
+    # An alert's `runbook` / `runbook_url` label wins over the code's own runbook.
+    return labels.get("runbook") or labels.get("runbook_url") or runbook(alert.code)
 
 
 def where(alert) -> str:
