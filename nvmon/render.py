@@ -24,9 +24,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from nvmon.audit import SEVERITY_RANK, AuditReport, Finding, describe_board, is_busy
+from nvmon.audit import AuditReport, Finding, audit, describe_board
+from nvmon.codes import SEVERITIES, Severity
 from nvmon.model import GpuSample, IbPortSample, PcieLink, Sample
-from nvmon.specs import GpuSpec, gpu_spec_for
 
 OK, BAD, WARN, UP = "✓", "✗", "!", "↑"
 DASH = "-"  # shown for None: "could not be read"
@@ -93,67 +93,93 @@ def _title(words: str) -> Text:
 
 
 # ---------------------------------------------------------------- cells
+#
+# Every mark in these cells (✗ ! ✓) comes from the audit's findings: this module never holds a
+# value against a spec or a threshold itself, so `nvmon sample` and `nvmon audit` always agree.
 
 
-def pcie_cell(p: PcieLink, busy: bool = True, spec: GpuSpec | None = None) -> Text:
-    """'Gen5 x16' when healthy; a shortfall as now/expected, e.g. '✗ Gen3/5 x8/16'.
+class _Findings:
+    """A report's findings by the place they name: a GPU, or an IB device (port or HCA)."""
 
-    Expected is the best of what the link allows and what the SKU's spec needs. ✗ marks a
-    fault: a narrow link, a slow link under load, or a slot below the spec. A lower gen on an idle
-    device is power saving, not a fault: shown dim, without ✗.
-    """
+    def __init__(self, report: AuditReport) -> None:
+        self.gpu: dict[int, list[Finding]] = {}
+        self.device: dict[str, list[Finding]] = {}
+        for f in report.findings:
+            if f.severity == Severity.INFO:
+                continue
+            if f.gpu is not None:
+                self.gpu.setdefault(f.gpu, []).append(f)
+            elif f.device is not None:
+                self.device.setdefault(f.device, []).append(f)
+
+    def of_gpu(self, index: int, *codes: str) -> list[Finding]:
+        return [f for f in self.gpu.get(index, ()) if not codes or f.code in codes]
+
+    def of_port(self, device: str, port: int | None, *codes: str) -> list[Finding]:
+        """The findings of one IB port (`port`), or of its HCA (`port` None: PCIe)."""
+        return [f for f in self.device.get(device, ()) if f.code in codes and f.port == port]
+
+
+def _worst(findings: list[Finding]) -> Finding | None:
+    return min(findings, key=lambda f: Severity.rank_of(f.severity), default=None)
+
+
+def _marked(text: str, findings: list[Finding], healthy: str = "") -> Text:
+    """`text` behind the symbol of its worst finding (✗ critical, ! warning), else as it is."""
+    worst = _worst(findings)
+    if worst is None:
+        return Text(text, style=healthy)
+    symbol, style = _SEVERITY_STYLE.get(worst.severity, ("?", "bold"))
+    return Text(f"{symbol} {text}", style="bold red" if worst.severity == Severity.CRITICAL else "bold yellow")
+
+
+def _expected_number(findings: list[Finding], code: str, prefix: str) -> int | None:
+    """The number a finding expects, e.g. 16 from pcie.width's expected "x16"."""
+    for f in findings:
+        if f.code == code and isinstance(f.expected, str) and f.expected.startswith(prefix):
+            digits = f.expected[len(prefix):]
+            if digits.isdigit():
+                return int(digits)
+    return None
+
+
+def pcie_cell(p: PcieLink, findings: list[Finding] = ()) -> Text:  # type: ignore[assignment]
+    """'Gen5 x16' when healthy; with a pcie.width / pcie.gen finding, now/expected behind its
+    severity, e.g. '! Gen3/5 x8/16'. A lower gen without a finding (an idle GPU saving power)
+    is shown as now/max, dim."""
     if p.gen is None and p.width is None:
         return Text(DASH)
-    want_gen = max([g for g in (p.max_gen, spec.pcie_gen if spec else None) if g is not None], default=None)
-    want_width = max([w for w in (p.max_width, spec.pcie_width if spec else None) if w is not None],
-                     default=None)
+    findings = [f for f in findings if f.code in ("pcie.width", "pcie.gen")]
+    want_gen = _expected_number(findings, "pcie.gen", "Gen") or p.max_gen
+    want_width = _expected_number(findings, "pcie.width", "x")
     gen = "Gen?" if p.gen is None else f"Gen{p.gen}"
-    if p.gen is not None and want_gen is not None and p.gen < want_gen:
+    if p.gen is not None and want_gen is not None and p.gen != want_gen:
         gen += f"/{want_gen}"
     width = "x?" if p.width is None else f"x{p.width}"
-    if p.width is not None and want_width is not None and p.width < want_width:
+    if p.width is not None and want_width is not None and p.width != want_width:
         width += f"/{want_width}"
-    text = f"{gen} {width}"
-    narrow = p.width is not None and want_width is not None and p.width < want_width
-    slow = p.gen is not None and p.max_gen is not None and p.gen < p.max_gen
-    if narrow or (slow and busy) or _below_spec(p, spec):
-        return Text(f"{BAD} {text}", style="bold red")
-    if slow:
-        return Text(text, style="dim")
-    return Text(text)
+    idle_downshift = not findings and p.gen is not None and p.max_gen is not None and p.gen != p.max_gen
+    return _marked(f"{gen} {width}", findings, healthy="dim" if idle_downshift else "")
 
 
-def _below_spec(p: PcieLink, spec: GpuSpec | None) -> bool:
-    """The slot itself cannot reach what the SKU needs (host or BIOS limits the link)."""
-    return spec is not None and ((p.max_gen is not None and p.max_gen < spec.pcie_gen)
-                                 or (p.max_width is not None and p.max_width < spec.pcie_width))
-
-
-def _nvlink_cell(gpu: GpuSample, spec: GpuSpec | None) -> Text:
+def _nvlink_cell(gpu: GpuSample, found: _Findings) -> Text:
     total = gpu.nvlink_count if gpu.nvlink_count is not None else len(gpu.nvlink)
     if not total:
         return Text(DASH)
     active = sum(1 for link in gpu.nvlink if link.active)
-    # A SKU is judged by its own link count: 12 of 18 slots on a bridged H100 PCIe is healthy.
-    expected = spec.nvlink_links if spec is not None else total
-    text = f"{active}/{total}"
-    return Text(f"{BAD} {text}", style="bold red") if active < expected else Text(text)
+    return _marked(f"{active}/{total}", found.of_gpu(gpu.index, "nvlink.link_down", "nvlink.speed"))
 
 
-# Throttle (clocks event) reasons → short flags; warnings first in the Flags cell.
+# Throttle (clocks event) reasons → short flags. They are states: the audit decides whether one
+# is a problem (power.cap, thermal), and only then are they shown loud.
 _THROTTLE_FLAGS = {
     "sw_power_cap": "pwrcap", "hw_power_brake": "brake", "sw_thermal": "thermal", "hw_thermal": "thermal",
     "hw_slowdown": "hwslow", "sync_boost": "sync", "applications_clocks": "appclk",
     "display_clocks": "display", "gpu_idle": "idle",
 }
-_QUIET_FLAGS = {"idle", "sync", "appclk", "display"}  # states, not problems
-
-
-def _erring_links(gpu: GpuSample) -> list[str]:
-    where = [f"L{link.link}" for link in gpu.nvlink if any(v for v in link.errors_delta.values())]
-    if gpu.pcie.replay_errors_delta:
-        where.append("PCIe")
-    return where
+_POWER_FLAGS = {"pwrcap", "brake"}
+_THERMAL_FLAGS = {"thermal", "hwslow"}
+_CELL_CODES = {"pcie.width", "pcie.gen", "nvlink.link_down", "nvlink.speed", "gpu.lost"}  # shown in their cells
 
 
 def _errors_known(gpu: GpuSample) -> bool:
@@ -161,16 +187,28 @@ def _errors_known(gpu: GpuSample) -> bool:
         v is not None for link in gpu.nvlink for v in link.errors_delta.values())
 
 
-def _flags_cell(gpu: GpuSample) -> Text:
-    """Throttle short codes and 'err↑ L3' for rising link errors; ✓ when none and errors were read."""
+def _flags_cell(gpu: GpuSample, found: _Findings) -> Text:
+    """The GPU's findings that have no cell of their own ('err↑ L3', 'pwrcap', 'Xid79'), loud,
+    then its other throttle reasons, dim; ✓ when the audit found nothing and errors were read."""
+    findings = found.of_gpu(gpu.index)
+    codes = {f.code for f in findings}
     flags: list[str] = []
     for reason in gpu.throttle_reasons or ():
         flag = _THROTTLE_FLAGS.get(reason, plain(reason))
         if flag not in flags:
             flags.append(flag)
-    loud = [f for f in flags if f not in _QUIET_FLAGS]
-    quiet = [f for f in flags if f in _QUIET_FLAGS]
-    erring = _erring_links(gpu)
+    loud = [f for f in flags if (f in _POWER_FLAGS and "power.cap" in codes)
+            or (f in _THERMAL_FLAGS and "thermal" in codes)]
+    quiet = [f for f in flags if f not in loud]
+    if "power.cap" in codes and not _POWER_FLAGS & set(loud):
+        loud.append("pwr@lim")
+    if "thermal" in codes and not _THERMAL_FLAGS & set(loud):
+        loud.append("hot")
+    if "power.limit" in codes:
+        loud.append("pwrlim")
+    loud += [f"Xid{f.xid}" for f in findings if f.code == "gpu.xid"]
+    erring = [f"L{f.link}" for f in findings if f.code == "nvlink.errors"]
+    erring += ["PCIe"] if "pcie.replay" in codes else []
     if erring:
         shown = ",".join(erring[:3]) + (f"+{len(erring) - 3}" if len(erring) > 3 else "")
         loud.append(f"err{UP} {shown}")
@@ -179,8 +217,10 @@ def _flags_cell(gpu: GpuSample) -> Text:
         text.append(" ".join(loud), style="bold yellow")
     if quiet:
         text.append((" " if loud else "") + " ".join(quiet), style="dim")
-    if not flags and not erring:
+    if not findings and not flags:
         text = Text(OK, style="green") if _errors_known(gpu) else Text(DASH)
+    elif not findings:
+        text = Text(f"{OK} ", style="green") + text if _errors_known(gpu) else text
     return _one_line(text)
 
 
@@ -196,7 +236,7 @@ def _models(sample: Sample) -> list[str]:
 # ---------------------------------------------------------------- tables
 
 
-def _gpu_table(sample: Sample) -> Table:
+def _gpu_table(sample: Sample, found: _Findings) -> Table:
     per_row_name = len(_models(sample)) > 1
     table = _table()
     _col(table, "GPU", right=True)
@@ -214,14 +254,13 @@ def _gpu_table(sample: Sample) -> Table:
         if gpu.lost:
             table.add_row(str(gpu.index), *name, *[DASH] * 7, Text(f"{BAD} LOST", style="bold red"))
             continue
-        spec = gpu_spec_for(gpu.name)
         tx = sum(link.tx_bytes_per_s or 0 for link in gpu.nvlink) if gpu.nvlink else None
         rx = sum(link.rx_bytes_per_s or 0 for link in gpu.nvlink) if gpu.nvlink else None
         table.add_row(
             str(gpu.index), *name, f"{_num(gpu.power_w)}/{_num(gpu.power_limit_w)}", _num(gpu.temperature_c),
-            _num(gpu.utilization_pct), pcie_cell(gpu.pcie, is_busy(gpu), spec),
-            _txrx(gpu.pcie.tx_bytes_per_s, gpu.pcie.rx_bytes_per_s), _nvlink_cell(gpu, spec),
-            _txrx(tx, rx), _flags_cell(gpu),
+            _num(gpu.utilization_pct), pcie_cell(gpu.pcie, found.of_gpu(gpu.index)),
+            _txrx(gpu.pcie.tx_bytes_per_s, gpu.pcie.rx_bytes_per_s), _nvlink_cell(gpu, found),
+            _txrx(tx, rx), _flags_cell(gpu, found),
         )
     return table
 
@@ -240,26 +279,26 @@ def _topology_table(sample: Sample) -> Table:
     return table
 
 
-def _ib_state(port: IbPortSample) -> Text:
+def _ib_state(port: IbPortSample, down: list[Finding]) -> Text:
     if port.state is None:
         return Text(DASH)
-    if port.state.upper() == "ACTIVE":
-        return Text(f"{OK} {plain(port.state)}", style="green")
-    return Text(f"{BAD} {plain(port.state)}", style="bold red")
+    if port.state.upper() == "ACTIVE" or not down:
+        return Text(f"{OK} {plain(port.state)}", style="green") if not down else literal(port.state)
+    return _marked(plain(port.state), down)
 
 
-def _ib_phys(port: IbPortSample) -> Text:
+def _ib_phys(port: IbPortSample, down: list[Finding]) -> Text:
     if port.phys_state is None:
         return Text(DASH)
-    if port.phys_state.lower() == "linkup":
+    if port.phys_state.lower() == "linkup" or not down:
         return literal(port.phys_state)
-    return Text(f"{BAD} {plain(port.phys_state)}", style="bold red")
+    return _marked(plain(port.phys_state), down)
 
 
 _LAYERS = {"infiniband": "IB", "ethernet": "Eth"}
 
 
-def _ib_table(sample: Sample) -> Table:
+def _ib_table(sample: Sample, found: _Findings) -> Table:
     table = _table()
     _col(table, "Port", squeeze=True)
     _col(table, "State")
@@ -275,14 +314,16 @@ def _ib_table(sample: Sample) -> Table:
             rate += f" {plain(port.rate_name)}"
         layer = _LAYERS.get((port.link_layer or "").lower(), plain(port.link_layer))
         known = any(v is not None for v in port.errors_delta.values())
-        if any(v for v in port.errors_delta.values()):
+        if found.of_port(port.device, port.port, "ib.errors"):
             err = Text(f"err{UP}", style="bold yellow")
         else:
             err = Text(OK, style="green") if known else Text(DASH)
+        down = found.of_port(port.device, port.port, "ib.port_down")
         table.add_row(
-            _one_line(literal(f"{plain(port.device)}/{port.port}")), _ib_state(port), _ib_phys(port),
-            literal(rate), _one_line(literal(layer)), _txrx(port.tx_bytes_per_s, port.rx_bytes_per_s),
-            _one_line(err), pcie_cell(port.pcie),
+            _one_line(literal(f"{plain(port.device)}/{port.port}")), _ib_state(port, down), _ib_phys(port, down),
+            _marked(plain(rate), found.of_port(port.device, port.port, "ib.rate")), _one_line(literal(layer)),
+            _txrx(port.tx_bytes_per_s, port.rx_bytes_per_s), _one_line(err),
+            pcie_cell(port.pcie, found.of_port(port.device, None, "pcie.width", "pcie.gen")),
         )
     return table
 
@@ -292,58 +333,26 @@ def _nvswitch_table(sample: Sample) -> Table:
     _col(table, "NVSwitch", squeeze=True)
     _col(table, "PCIe")
     for sw in sample.nvswitches:
-        table.add_row(_one_line(literal(sw.pci_bus_id)), pcie_cell(sw.pcie))
+        table.add_row(_one_line(literal(sw.pci_bus_id)), pcie_cell(sw.pcie))  # a management link: not judged
     return table
 
 
 # ---------------------------------------------------------------- lists under the tables
 
 
-def _counts(deltas: dict[str, int | None]) -> str:
-    return ", ".join(f"{plain(k)} +{v}" for k, v in deltas.items() if v)
-
-
 _Item = tuple[Text, Text]  # (lead: symbol or place, body); the body wraps under itself
 
 
-def _fault(body: str) -> _Item:
-    return Text(BAD, style="bold red"), Text(body)
-
-
-def _rise(body: str) -> _Item:
-    return Text(WARN, style="bold yellow"), Text(body)
-
-
-def _problems(sample: Sample) -> list[_Item]:
-    """What the tables only hint at: which links are down, which counters rose, why a slot is short.
-
-    Faults (✗) first, then rising counters (!), each in board order.
-    """
-    over = f"over {sample.interval_s:.2f} s"
-    faults: list[_Item] = []
-    rises: list[_Item] = []
-    for gpu in sample.gpus:
-        if gpu.lost:
-            continue
-        spec = gpu_spec_for(gpu.name)
-        down = [str(link.link) for link in gpu.nvlink if link.active is False]
-        total = gpu.nvlink_count if gpu.nvlink_count is not None else len(gpu.nvlink)
-        if down and spec is not None and total == spec.nvlink_links:  # else inactive slots are normal
-            which = f"NVLink {down[0]}" if len(down) == 1 else f"NVLinks {', '.join(down)}"
-            faults.append(_fault(f"GPU {gpu.index} {which} down"))
-        if spec is not None and _below_spec(gpu.pcie, spec):
-            p = gpu.pcie
-            faults.append(_fault(f"GPU {gpu.index} PCIe slot allows Gen{plain(p.max_gen)} x{plain(p.max_width)}, "
-                                 f"{spec.key} needs Gen{spec.pcie_gen} x{spec.pcie_width}"))
-        for link in gpu.nvlink:
-            if any(v for v in link.errors_delta.values()):
-                rises.append(_rise(f"GPU {gpu.index} link {link.link}: {_counts(link.errors_delta)} {over}"))
-        if gpu.pcie.replay_errors_delta:
-            rises.append(_rise(f"GPU {gpu.index} PCIe: replay +{gpu.pcie.replay_errors_delta} {over}"))
-    for port in sample.ib:
-        if any(v for v in port.errors_delta.values()):
-            rises.append(_rise(f"{plain(port.device)}/{port.port}: {_counts(port.errors_delta)} {over}"))
-    return faults + rises
+def _problems(report: AuditReport) -> list[_Item]:
+    """What the tables only mark: the audit's warning and critical findings, most severe first
+    (within a severity, the audit's own order: node, GPU by GPU, then IB)."""
+    items = []
+    for f in sorted(report.findings, key=lambda f: Severity.rank_of(f.severity)):
+        if f.severity != Severity.INFO:
+            symbol, style = _SEVERITY_STYLE.get(f.severity, ("?", "bold"))
+            items.append((Text(symbol, style="bold red" if f.severity == Severity.CRITICAL else "bold yellow"),
+                          literal(f.message)))
+    return items
 
 
 def _notes(sample: Sample) -> list[_Item]:
@@ -407,18 +416,23 @@ def _header(sample: Sample) -> Text:
     return text
 
 
-def render_sample(sample: Sample) -> RenderableType:
-    """One tick of one node: header, GPUs, NVLink matrix, IB ports, NVSwitch links, problems, notes."""
+def render_sample(sample: Sample, report: AuditReport | None = None) -> RenderableType:
+    """One tick of one node: header, GPUs, NVLink matrix, IB ports, NVSwitch links, problems, notes.
+
+    Faults are marked as `report` (the audit of this sample; by default with the default spec and
+    thresholds) judged them."""
+    report = audit(sample) if report is None else report
+    found = _Findings(report)
     parts: list[RenderableType] = [_header(sample)]
     if sample.gpus:
-        parts += [Text(""), _title("GPUs  (GB/s: tx/rx)"), _gpu_table(sample)]
+        parts += [Text(""), _title("GPUs  (GB/s: tx/rx)"), _gpu_table(sample, found)]
     if sample.topology.matrix:
         parts += [Text(""), _title(f"NVLink topology: {plain(describe_board(sample))}"), _topology_table(sample)]
     if sample.ib:
-        parts += [Text(""), _title("InfiniBand / RDMA ports  (GB/s: tx/rx)"), _ib_table(sample)]
+        parts += [Text(""), _title("InfiniBand / RDMA ports  (GB/s: tx/rx)"), _ib_table(sample, found)]
     if sample.nvswitches:
         parts += [Text(""), _title("NVSwitch PCIe links"), _nvswitch_table(sample)]
-    for block in (_capped_list("Problems", _problems(sample)), _capped_list("Notes", _notes(sample))):
+    for block in (_capped_list("Problems", _problems(report)), _capped_list("Notes", _notes(sample))):
         if block is not None:
             parts += [Text(""), block]
     return Group(*parts)
@@ -440,7 +454,7 @@ def _where(f: Finding) -> str:
     if f.gpu is not None:
         return f"GPU {f.gpu}" + (f" link {f.link}" if f.link is not None else "")
     if f.device is not None:
-        return f"{plain(f.device)} port {f.port if f.port is not None else '?'}"
+        return plain(f.device) + (f" port {f.port}" if f.port is not None else " HCA")
     return "node"
 
 
@@ -450,7 +464,7 @@ def render_audit(report: AuditReport) -> RenderableType:
     Each finding: severity symbol, code, where, message; only the message wraps.
     """
     symbol, style = _VERDICT_STYLE.get(report.verdict, ("?", "bold"))
-    counts = {s: sum(1 for f in report.findings if f.severity == s) for s in SEVERITY_RANK}
+    counts = {s: sum(1 for f in report.findings if f.severity == s) for s in SEVERITIES}
     line = Text()
     line.append(f"{symbol} {plain(report.verdict).upper()}", style=style)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no findings"
@@ -464,7 +478,7 @@ def render_audit(report: AuditReport) -> RenderableType:
     table.add_column(no_wrap=True, overflow="ellipsis", max_width=16)
     table.add_column()  # the message: the only column that wraps
     # Stable sort: within a severity, the audit's own order (node, then GPU by GPU, then IB).
-    for f in sorted(report.findings, key=lambda f: SEVERITY_RANK.get(f.severity, len(SEVERITY_RANK))):
+    for f in sorted(report.findings, key=lambda f: Severity.rank_of(f.severity)):
         sym, sstyle = _SEVERITY_STYLE.get(f.severity, ("?", ""))
         table.add_row(Text(sym, style=sstyle), literal(f.code, sstyle), literal(_where(f)), literal(f.message))
     return Group(line, table)

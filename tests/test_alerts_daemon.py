@@ -38,6 +38,7 @@ FAULTS = [
     ("ib_rate=mlx5_1:100", [("ib.rate", {"device": "mlx5_1", "port": 1})]),
     ("ib_eth=2@0", [("ib.rate", {"device": "mlx5_2", "port": 1})]),
     ("ib_errors=3", [("ib.errors", {"device": "mlx5_3", "port": 1})]),
+    ("ib_pcie_width=mlx5_2", [("pcie.width", {"device": "mlx5_2"})]),  # the HCA's link: one alert, no port
     ("power_cap=4", [("power.limit", {"gpu": 4}), ("power.cap", {"gpu": 4})]),
     ("thermal=5", [("thermal", {"gpu": 5})]),
     ("gpu_lost=6", [("gpu.lost", {"gpu": 6})]),

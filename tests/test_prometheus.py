@@ -222,6 +222,25 @@ def test_infiniband_pci_topology_and_audit():
     assert value(fams, "nvmon_audit_verdict", verdict=report.verdict) == 1
 
 
+def test_audit_findings_use_the_daemons_configured_thresholds(tmp_path):
+    """`nvmon_audit_findings` agrees with the daemon's own alerts once `[alerts]` thresholds are set."""
+    from nvmon.alerts.rules import thresholds_of
+    from nvmon.daemon.config import load_config
+    from nvmon.daemon.main import Daemon
+
+    s = with_gpu(healthy_sample(), 1, temperature_c=80.0)  # under the default 87 °C, over a configured 75
+    assert value(parse(render(s)), "nvmon_audit_findings", code="thermal") == 0
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text('[alerts]\ntemperature_c = 75\n[prometheus]\nlisten = "127.0.0.1:0"\n')
+    config = load_config(cfg)
+    exporter = Daemon(config)._make_exporter()
+    exporter.update(s)
+    fams = parse(exporter.page()[0].decode())
+    assert value(fams, "nvmon_audit_findings", code="thermal") == 1
+    rule_findings = [f for f in audit(s, thresholds=thresholds_of(config.alerts)).findings if f.code == "thermal"]
+    assert len(rule_findings) == 1  # what the alert rules (built on the same audit) see
+
+
 def test_last_xid_per_gpu_like_dcgm_exporter():
     s = healthy_sample()
     snap = advance(None, s)

@@ -55,8 +55,9 @@ def test_faults_are_marked_with_symbols_not_only_colour():
     s = with_ib(s, 3, state="DOWN", phys_state="Polling")
     s = with_ib(s, 5, errors_delta={"symbol_error": 7, "port_rcv_errors": 2, "link_downed": 0})
     s = with_gpu(s, 4, throttle_reasons=("sw_power_cap", "sw_thermal"))
-    out = text_of(render_sample(s))
-    assert "✗ Gen3/5 x8/16" in rows(out, "2")[0]
+    out = text_of(render_sample(s), width=200)
+    # Each cell carries its finding's severity: ✗ critical, ! warning.
+    assert "! Gen3/5 x8/16" in rows(out, "2")[0]
     assert "err↑ L3" in rows(out, "1")[0]
     assert "✗ 17/18" in rows(out, "6")[0]
     assert rows(out, "4")[0].rstrip().endswith("pwrcap thermal")
@@ -64,13 +65,12 @@ def test_faults_are_marked_with_symbols_not_only_colour():
     assert "✗ DOWN" in port and "✗ Polling" in port
     [port] = [line for line in out.splitlines() if line.startswith("mlx5_5/1")]
     assert "err↑" in port
-    # The detail the cells only hint at, faults first.
-    problems = out[out.index("Problems"):].splitlines()[1:]
-    assert [line.strip() for line in problems[:3]] == [
-        "✗ GPU 6 NVLink 0 down",
-        "! GPU 1 link 3: crc_flit +4 over 1.00 s",
-        "! mlx5_5/1: symbol_error +7, port_rcv_errors +2 over 1.00 s",
-    ]
+    # The detail the cells only mark: the audit's findings, critical first, each its message.
+    problems = [line.strip() for line in out[out.index("Problems"):].splitlines()[1:] if line.strip()]
+    report = audit(s)
+    assert problems[:2] == ["✗ " + f.message for f in report.findings if f.severity == "critical"]
+    assert "! GPU 1 NVLink 3 errors rising: crc_flit +4" in problems
+    assert "! mlx5_5 port 1 errors rising: symbol_error +7, port_rcv_errors +2" in problems
 
 
 def test_idle_gen_downshift_is_not_a_fault():
@@ -80,24 +80,62 @@ def test_idle_gen_downshift_is_not_a_fault():
     assert "✗" not in out and "Problems" not in out
 
 
-def test_pcie_cell_shows_now_and_expected():
-    from nvmon.specs import gpu_spec_for
+def _gpu0_pcie_cell(sample) -> str:
+    return pcie_cell(sample.gpus[0].pcie, audit(sample).findings and [
+        f for f in audit(sample).findings if f.gpu == 0]).plain
 
-    spec = gpu_spec_for("NVIDIA H100 80GB HBM3")
-    p = healthy_sample().gpus[0].pcie
-    assert pcie_cell(p, True, spec).plain == "Gen5 x16"
-    assert pcie_cell(replace(p, gen=4, max_gen=4), True, spec).plain == "✗ Gen4/5 x16"  # slot below spec
-    assert pcie_cell(replace(p, width=8), False, spec).plain == "✗ Gen5 x8/16"  # narrow: a fault even idle
-    assert pcie_cell(replace(p, gen=1), False, spec).plain == "Gen1/5 x16"  # idle power saving
-    assert pcie_cell(replace(p, gen=1), True, spec).plain == "✗ Gen1/5 x16"  # slow under load
-    assert pcie_cell(replace(p, gen=None, width=None)).plain == "-"
+
+def test_pcie_cell_shows_now_and_expected_as_the_audit_judged():
+    busy, idle = healthy_sample(), healthy_sample(busy=False)
+    assert _gpu0_pcie_cell(busy) == "Gen5 x16"
+    assert _gpu0_pcie_cell(with_pcie(busy, 0, gen=4, max_gen=4)) == "! Gen4/5 x16"  # slot below spec
+    assert _gpu0_pcie_cell(with_pcie(idle, 0, width=8)) == "! Gen1/5 x8/16"  # narrow: a fault even idle
+    assert _gpu0_pcie_cell(idle) == "Gen1/5 x16"  # idle power saving: no finding
+    assert _gpu0_pcie_cell(with_pcie(busy, 0, gen=1)) == "! Gen1/5 x16"  # slow under load
+    assert pcie_cell(replace(busy.gpus[0].pcie, gen=None, width=None)).plain == "-"
+
+
+def test_flags_never_say_healthy_for_a_gpu_the_audit_faults():
+    """GPU 3 at PCIe x8: its PCIe cell and its Flags cell agree (issue 11: '✗ Gen5 x8/16' beside '✓')."""
+    s = with_pcie(healthy_sample(), 3, width=8)
+    row = rows(text_of(render_sample(s)), "3")[0]
+    assert "! Gen5 x8/16" in row and "✓" not in row
+    assert "✓" in rows(text_of(render_sample(s)), "2")[0]  # a healthy neighbour still says so
+
+
+def test_unreadable_nvlink_is_not_marked_down():
+    """A link whose state could not be read gets the audit's benefit of the doubt here too."""
+    s = with_link(healthy_sample(), 2, 4, active=None)
+    assert not [f for f in audit(s).findings if f.code == "nvlink.link_down"]
+    row = rows(text_of(render_sample(s)), "2")[0]
+    assert "17/18" in row and "✗" not in row
+
+
+def test_hca_at_x8_is_a_finding_and_its_cell_says_so():
+    hca = replace(healthy_sample().ib[2].pcie, width=8)
+    s = with_ib(healthy_sample(), 2, pcie=hca)
+    [f] = [f for f in audit(s).findings if f.code == "pcie.width"]
+    assert (f.device, f.port, f.gpu, f.observed, f.expected) == ("mlx5_2", None, None, "x8", "x16")
+    out = text_of(render_sample(s))
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_2/1")]
+    assert port.rstrip().endswith("! Gen5 x8/16")
+    assert "mlx5_2 HCA" in text_of(render_audit(audit(s)))
+
+
+def test_sample_marks_follow_the_thresholds_it_is_given():
+    from nvmon.audit import Thresholds
+
+    s = with_gpu(healthy_sample(), 1, temperature_c=80.0)
+    assert "hot" not in rows(text_of(render_sample(s)), "1")[0]
+    row = rows(text_of(render_sample(s, audit(s, thresholds=Thresholds(temperature_c=75.0)))), "1")[0]
+    assert "hot" in row
 
 
 def test_host_limited_slot_is_explained_under_the_tables():
     s = with_pcie(healthy_sample(), 0, gen=4, max_gen=4)
     out = text_of(render_sample(s))
-    assert "✗ Gen4/5 x16" in rows(out, "0")[0]
-    assert "✗ GPU 0 PCIe slot allows Gen4 x16, H100-SXM needs Gen5 x16" in out
+    assert "! Gen4/5 x16" in rows(out, "0")[0]
+    assert "! GPU 0 PCIe limited to Gen4, H100-SXM expects Gen5: host, slot or BIOS setting limits the link" in out
 
 
 def test_bridged_pairs_board_shows_12_of_18_without_fault():
@@ -226,16 +264,17 @@ def test_8_gpus_18_links_fit_80_columns_one_line_per_gpu():
     assert "interval 0.54 s" in out and "8 × NVIDIA H100 80GB HBM3" in out
     row = {i: rows(out, str(i))[0] for i in range(8)}
     assert "err↑ L3,L11" in row[1] and "✗ 17/18" in row[2]
-    assert "✗ Gen5 x8/16" in row[3] and "err↑ PCIe" in row[3]
+    assert "! Gen5 x8/16" in row[3] and "err↑ PCIe" in row[3]
     assert "350/350" in row[4] and "pwrcap brake" in row[4]
     assert row[5].rstrip().endswith("✗ LOST") and "thermal hwslow" in row[6]
     assert "H100" not in "".join(row.values())  # the model is in the header only
     # One line per IB port, too.
     [port] = [line for line in lines if line.startswith("mlx5_1/1")]
     assert "100 EDR" in port and "err↑" in port and "Gen5 x16" in port
-    assert "GPU 1 link 3: crc_flit +3, crc_data +1, replay +2 over 0.54 s" in out
-    assert "GPU 3 PCIe: replay +4 over 0.54 s" in out and "mlx5_1/1: symbol_error +9 over 0.54 s" in out
-    assert "✗ GPU 2 NVLink 5 down" in out
+    flat = " ".join(out.split())  # messages wrap under themselves at 80 columns
+    assert "✗ GPU 2 NVLink 5 down" in flat and "✗ GPU 5 lost" in flat  # critical first
+    assert "! GPU 1 NVLink 3 errors rising: crc_flit +3, crc_data +1, replay +2" in flat
+    assert "! GPU 3 PCIe replays rising (+4)" in flat
 
 
 def test_topology_matrix_fits_80_columns_and_names_its_class():
@@ -264,7 +303,7 @@ def test_problems_and_notes_are_capped():
     s = with_gpu(s, 1, notes=tuple(f"note {k}" for k in range(12)))
     out = text_of(render_sample(s), width=80)
     problems = out[out.index("Problems"):out.index("Notes")]
-    assert problems.count("! GPU 0 link") == 10 and "… and 5 more" in problems
+    assert problems.count("! GPU 0 NVLink") == 10 and "… and 5 more" in problems
     notes = out[out.index("Notes"):]
     assert notes.count("GPU 1: note") == 10 and "… and 2 more" in notes
 

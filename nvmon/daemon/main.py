@@ -130,10 +130,12 @@ class Daemon:
         listen = self.cfg.prometheus.listen
         if not listen:
             return None
+        from nvmon.alerts.rules import thresholds_of
         from nvmon.export.prometheus import PrometheusExporter
 
         n = self.cfg.node
-        return PrometheusExporter(listen, node_spec=self.node_spec(), health=self.health,
+        return PrometheusExporter(listen, node_spec=self.node_spec(), thresholds=thresholds_of(self.cfg.alerts),
+                                  health=self.health,
                                   node_info={"cluster": n.cluster, "rack": n.rack or "", "version": __version__})
 
     def health(self):

@@ -20,7 +20,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample as PromSample
 
-from nvmon.audit import RULES, audit
+from nvmon.audit import RULES, Thresholds, audit
 from nvmon.audit import _is_active as ib_port_up  # one definition of a working port
 from nvmon.catalog import BY_NAME, FAMILIES
 from nvmon.export.catalog import METRICS
@@ -219,10 +219,11 @@ class SampleCollector(Collector):
     """A `prometheus_client` collector over one snapshot (`snapshot`, set before each collect)."""
 
     def __init__(self, *, node_spec: NodeSpec, node_info: Mapping[str, str],
-                 health: Callable[[], DaemonHealth | None]):
+                 health: Callable[[], DaemonHealth | None], thresholds: Thresholds = Thresholds()):
         from nvmon.model import THROTTLE_BITS
 
         self.node_spec = node_spec
+        self.thresholds = thresholds  # the daemon's [alerts] thresholds: its alerts and this page agree
         self.node_info = dict(node_info)
         self.health = health
         self.snapshot: Snapshot | None = None
@@ -381,7 +382,7 @@ class SampleCollector(Collector):
                 f.add("nvmon_topology_nvswitch_links", gpu_labels[i], n)
 
     def _audit(self, f: _Families, s: Sample, node: Labels) -> None:
-        report = audit(s, self.node_spec)
+        report = audit(s, self.node_spec, self.thresholds)
         counts = dict.fromkeys(RULES, 0)
         for finding in report.findings:
             counts[finding.code] = counts.get(finding.code, 0) + 1

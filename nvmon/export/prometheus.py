@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from prometheus_client import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
+from nvmon.audit import Thresholds
 from nvmon.export.collector import DaemonHealth, SampleCollector, Snapshot, advance
 from nvmon.export.exposition import exposition
 from nvmon.export.server import MetricsServer
@@ -59,10 +60,12 @@ class PrometheusExporter:
     instead of waiting for it.
     """
 
-    def __init__(self, listen: str, *, node_spec: NodeSpec = NodeSpec(), node_info: Mapping[str, str] = {},
-                 health: Callable[[], DaemonHealth | None] = lambda: None, process_metrics: bool = True):
+    def __init__(self, listen: str, *, node_spec: NodeSpec = NodeSpec(), thresholds: Thresholds = Thresholds(),
+                 node_info: Mapping[str, str] = {}, health: Callable[[], DaemonHealth | None] = lambda: None,
+                 process_metrics: bool = True):
         self.listen = listen
-        self.collector = SampleCollector(node_spec=node_spec, node_info=node_info, health=health)
+        self.collector = SampleCollector(node_spec=node_spec, thresholds=thresholds, node_info=node_info,
+                                         health=health)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         if process_metrics:

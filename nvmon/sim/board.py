@@ -442,6 +442,11 @@ class SimBoard:
         layer = "Ethernet" if self._ib_faults("ib_eth", i, t) else "InfiniBand"
         return "ACTIVE", "LinkUp", rate, layer
 
+    def hca_pcie_width(self, i: int, t: float) -> int:
+        """The current PCIe width of port i's HCA (its maximum is x16)."""
+        narrow = self._ib_faults("ib_pcie_width", i, t)
+        return int(narrow[-1].value) if narrow else 16
+
     def _ib_pieces(self, i: int) -> list[tuple[float, float, float]]:
         """(start, end, Gb/s) pieces of time for port i: 0 while it is down, its (reduced) rate else."""
         key = ("ib", i)

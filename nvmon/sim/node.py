@@ -50,6 +50,7 @@ class SimNode:
         self.sysfs_root = Path(root)
         self._last_state: dict[int, tuple] = {}
         self._last_counters: dict[int, dict[str, int]] = {}  # per IB port: the values in its files
+        self._hca_width: dict[int, int] = {}  # per IB port: its HCA's current PCIe width in sysfs
         self._counter_files = tree.OpenFiles()  # rewritten every tick: kept open
         self._write_tree()
 
@@ -69,8 +70,9 @@ class SimNode:
         for i, dev in enumerate(b.ib_names):
             bdf = p.hca_bdf(i)
             hca_gen = 5 if p.ib_rate_gbps >= 400 else 4
-            tree.write_pci_device(root, bdf, cur_gen=hca_gen, max_gen=hca_gen, cur_width=16, max_width=16,
-                                  numa_node=i * 2 // max(1, p.ib_ports))
+            self._hca_width[i] = b.hca_pcie_width(i, t)
+            tree.write_pci_device(root, bdf, cur_gen=hca_gen, max_gen=hca_gen, cur_width=self._hca_width[i],
+                                  max_width=16, numa_node=i * 2 // max(1, p.ib_ports))
             state, phys, rate, layer = b.ib_state(i, t)
             counters = self._counters(i, t)
             tree.write_ib_port(root, dev, 1, state=state, phys_state=phys, rate_gbps=rate, link_layer=layer,
@@ -94,6 +96,10 @@ class SimNode:
                 tree.update_ib_state(self.sysfs_root, dev, 1, state=state, phys_state=phys, rate_gbps=rate,
                                      link_layer=layer if last is None or last[3] != layer else None)
                 self._last_state[i] = (state, phys, rate, layer)
+            width = b.hca_pcie_width(i, t)
+            if width != self._hca_width[i]:
+                tree.update_pci_link(self.sysfs_root, b.profile.hca_bdf(i), cur_width=width)
+                self._hca_width[i] = width
             written = self._last_counters[i]
             changed = {k: v for k, v in self._counters(i, t).items() if written[k] != v}
             if changed:

@@ -29,6 +29,7 @@ Keys (repeatable unless noted):
     ib_rate=P[:GBPS]       IB port up at a lower rate (default 100)
     ib_eth=P               port in Ethernet (RoCE) mode instead of InfiniBand
     ib_errors=P            IB symbol/receive errors rising
+    ib_pcie_width=P[:W]    the port's HCA trained at PCIe xW of x16 (default x8)
     power_cap=G[:W]        enforced power limit lowered (default 60 % of spec); throttles under load
     thermal=G              GPU hot (92 °C) with thermal slowdown
     gpu_lost=G             GPU has fallen off the bus (NVML: GPU is lost)
@@ -51,7 +52,7 @@ LOADS = ("idle", "allreduce", "busy")
 NOTSUP = ("temperature", "utilization", "throttle", "energy", "nvlink_state_field", "pcie_bytes", "xid_events")
 FAULT_KEYS = (
     "nvlink_down", "nvlink_errors", "pcie_width", "pcie_gen", "ib_down", "ib_rate", "ib_eth",
-    "ib_errors", "power_cap", "thermal", "gpu_lost", "notsup", "xid",
+    "ib_errors", "ib_pcie_width", "power_cap", "thermal", "gpu_lost", "notsup", "xid",
 )
 
 
@@ -171,11 +172,16 @@ def _parse_fault(kind: str, value: str, spec: str) -> Fault:
         if not m or arg is not None:
             raise SimSpecError(f"--sim {spec!r}: {kind} takes GPU.LINK, e.g. {kind}=2.5")
         return Fault(kind, gpu=int(m.group(1)), link=int(m.group(2)), after_s=after, until_s=until)
-    if kind in ("ib_down", "ib_rate", "ib_eth", "ib_errors"):
+    if kind in ("ib_down", "ib_rate", "ib_eth", "ib_errors", "ib_pcie_width"):
         if not re.fullmatch(r"\d+|mlx5_\d+", value):
             raise SimSpecError(f"--sim {spec!r}: {kind} takes an IB port: mlx5_N or N")
-        if arg is not None and kind != "ib_rate":
+        if arg is not None and kind not in ("ib_rate", "ib_pcie_width"):
             raise SimSpecError(f"--sim {spec!r}: {kind} takes no ':' argument")
+        if kind == "ib_pcie_width":
+            width = _num(arg, "HCA PCIe width", spec) if arg is not None else 8.0
+            if width not in (1, 2, 4, 8, 16):
+                raise SimSpecError(f"--sim {spec!r}: ib_pcie_width must be 1, 2, 4, 8 or 16")
+            return Fault(kind, port=value, value=width, after_s=after, until_s=until)
         rate = _num(arg, "IB rate", spec) if arg is not None else (100.0 if kind == "ib_rate" else None)
         return Fault(kind, port=value, value=rate, after_s=after, until_s=until)
     if kind == "notsup":
