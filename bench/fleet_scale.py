@@ -264,7 +264,7 @@ def run_one(nodes: int, seconds: float, warmup: float, child: list[str]) -> dict
     log = tmp / "measured.log"
     try:
         gen = subprocess.Popen(
-            [sys.executable, "-c", "from nvmon.fleet.cli import sim_fleet_command; sim_fleet_command()",
+            [sys.executable, "-c", "from nvmon.cli.simfleet import sim_fleet_command; sim_fleet_command()",
              "--nodes", str(nodes), "--broker", url, "--cluster", cluster, "--racks", str(max(1, nodes // 20)),
              "--interval", "1", "--fault", "3=nvlink_down=2.5,pcie_width=3:8", "--fault", "7=ib_rate=mlx5_1:100"],
             stdout=subprocess.DEVNULL, stderr=open(tmp / "gen.log", "wb"), env=env)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from samplefactory import healthy_sample
 
-from nvmon.alerts.cli import alerts_command, parse_duration, parse_matchers
+from nvmon.cli.alerts import alerts_command, parse_duration, parse_matchers
 from nvmon.alerts.model import AlertRecord
 from nvmon.store import Store, schema
 from nvmon.store import alerts as db

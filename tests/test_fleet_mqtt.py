@@ -137,7 +137,7 @@ def start_generator(url: str, cluster: str, nodes: int, workdir=None) -> subproc
     """`nvmon sim-fleet` in a process of its own; with `workdir`, a script running SimFleet whose
     fake /sys trees go there (a SIGKILL leaves them behind, and tmp_path is cleaned up)."""
     if workdir is None:
-        code = "from nvmon.fleet.cli import sim_fleet_command; sim_fleet_command(prog_name='nvmon sim-fleet')"
+        code = "from nvmon.cli.simfleet import sim_fleet_command; sim_fleet_command(prog_name='nvmon sim-fleet')"
         args = ["--nodes", str(nodes), "--broker", url, "--cluster", cluster, "--interval", "0.2"]
     else:
         code = ("import asyncio, sys; from nvmon.loadgen.fleet import SimFleet; "
@@ -187,7 +187,7 @@ async def test_killed_generator_goes_offline_by_will_and_comes_back(tmp_path):
 def test_cli_errors_are_one_line(args, message):
     from click.testing import CliRunner
 
-    from nvmon.fleet.cli import sim_fleet_command
+    from nvmon.cli.simfleet import sim_fleet_command
 
     result = CliRunner().invoke(sim_fleet_command, args)
     assert result.exit_code in (1, 2) and message in result.output and "Traceback" not in result.output

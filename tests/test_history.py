@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from samplefactory import healthy_sample, with_gpu, with_link
 
 from nvmon.store import Store
-from nvmon.store.cli import history_command, iso, parse_time
+from nvmon.cli.history import history_command, iso, parse_time
 
 NOW = 1_714_568_400.0  # 2024-05-01T13:00:00Z
 
@@ -149,7 +149,7 @@ def test_missing_corrupt_and_foreign_databases(tmp_path):
 
 
 def test_real_process_error_has_no_traceback(tmp_path):
-    r = subprocess.run([sys.executable, "-c", "from nvmon.store.cli import history_command; history_command()",
+    r = subprocess.run([sys.executable, "-c", "from nvmon.cli.history import history_command; history_command()",
                         "--db", str(tmp_path / "none.db")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr == f"nvmon: database {tmp_path / 'none.db'}: not found\n"
@@ -163,7 +163,7 @@ def test_reads_while_the_daemon_writes_and_never_writes_itself(tmp_path):
     st.write_many([replace(healthy_sample(), ts=now - 30 + i) for i in range(30)])
     before = path.stat().st_mtime_ns, (tmp_path / "nvmon.db-wal").stat().st_size
     # a separate process, while the writer holds its connection and WAL open
-    r = subprocess.run([sys.executable, "-c", "from nvmon.store.cli import history_command; history_command()",
+    r = subprocess.run([sys.executable, "-c", "from nvmon.cli.history import history_command; history_command()",
                         "--db", str(path), "--since", "1m", "--json", "-m", "power_w"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -302,7 +302,7 @@ async def test_quit_keys(key):
 def test_cli_errors_are_one_line(monkeypatch):
     from click.testing import CliRunner
 
-    from nvmon.tui.cli import tui_command
+    from nvmon.cli.tui import tui_command
 
     r = CliRunner().invoke(tui_command, ["--broker", "http://example"])
     assert r.exit_code == 1 and "expected mqtt://HOST:PORT" in r.output and "Traceback" not in r.output

@@ -8,7 +8,7 @@ The parts of hook delivery, one module each:
 - `hook_delivery`: `Hook`, one configured hook able to deliver a batch once (exec or HTTP);
 - `hook_dispatch`: `HookDispatcher`, the engine's notifier: a worker per hook with a bounded
   queue, retries, grouping, repeat interval and statistics;
-- `hooks_cli`: `nvmon hooks test`.
+- `nvmon.cli.hooks`: `nvmon hooks test`.
 
 Secrets (a PagerDuty routing key, a bearer token, a Slack webhook URL) come from `secret_file` or
 `secret_env`, are read at each delivery (so rotation needs no restart), and never appear in logs,

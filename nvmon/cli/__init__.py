@@ -3,6 +3,9 @@
     main.py     the root group, `main()` (the console entry point `nvmon.cli:main`), registration
     common.py   what the commands share: the one error class (`NvmonError`), option checks
     node.py     sample, audit, daemon, profiles: the commands run on a node
+    alerts.py   alerts (list, ack, silence, silences, unsilence)     hooks.py    hooks test
+    history.py  history          tui.py      tui          demo.py     demo
+    simfleet.py sim-fleet (the load generator, nvmon.loadgen, as a command)
 
 Nothing below this package imports it (tests/test_layers.py); it may import any layer.
 """

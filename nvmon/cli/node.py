@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from nvmon.cli.common import NvmonError, check_interval
-
-NODE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+from nvmon.cli.common import NAME_HINT, NAME_RE, NvmonError, check_interval
 
 
 class AuditError(NvmonError):
@@ -24,8 +21,8 @@ class AuditError(NvmonError):
 
 
 def _check_node(ctx, param, value: str | None) -> str | None:
-    if value is not None and not NODE_RE.match(value):
-        raise click.BadParameter("use 1-64 characters from A-Z a-z 0-9 . _ -")
+    if value is not None and not NAME_RE.match(value):
+        raise click.BadParameter(NAME_HINT)
     return value
 
 

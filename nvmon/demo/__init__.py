@@ -4,5 +4,6 @@
     fleet.py     DemoFleet: broker + one `Daemon` per node in this process's event loop
     relay.py     the TCP pass-through that lets a node "die" the way a crashed daemon does
     watch.py     a small wire reader for the headless status line
-    cli.py       the click command
+
+The command itself (options, logging, the headless status line) is nvmon/cli/demo.py.
 """

@@ -27,28 +27,18 @@ from pathlib import Path
 import click
 
 from nvmon.alerts.model import MATCH_FIELDS, AlertRecord, Silence, iso
+from nvmon.cli.common import DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError
 from nvmon.store.errors import StoreError, describe
 
-DEFAULT_DB = "/var/lib/nvmon/nvmon.db"
 RECENT_S = 86400.0  # resolved alerts shown without --all
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
-_UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-
-
-class AlertsError(click.ClickException):
-    """A one-line error, shown as `nvmon: <message>`, exit status 1, no traceback."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"nvmon: {self.format_message()}", err=True)
 
 
 def parse_duration(text: str) -> float:
     """'90s', '30m', '2h', '1d', '1w' → seconds; ValueError otherwise."""
-    m = _DURATION.match(text)
+    m = DURATION.match(text)
     if not m or float(m.group(1)) <= 0:
         raise ValueError("use a duration such as 30m, 2h or 1d")
-    return float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+    return float(m.group(1)) * UNIT_S[m.group(2).lower()]
 
 
 def parse_matchers(items: tuple[str, ...]) -> dict[str, str]:
@@ -59,7 +49,7 @@ def parse_matchers(items: tuple[str, ...]) -> dict[str, str]:
         key = key.strip()
         if not sep or not value:
             raise ValueError(f"{item!r}: expected KEY=VALUE, e.g. node=gpu-07")
-        if key not in MATCH_FIELDS and not _LABEL_KEY.match(key):
+        if key not in MATCH_FIELDS and not NAME_RE.match(key):
             raise ValueError(f"{key!r}: match on {', '.join(MATCH_FIELDS)} or a label name")
         if len(value) > 256 or not value.isprintable():
             raise ValueError(f"{key}: value must be printable, up to 256 characters")
@@ -79,11 +69,11 @@ def _read(db_path: str, fn):
     try:
         conn = open_readonly(db_path)
     except StoreError as exc:
-        raise AlertsError(str(exc)) from None
+        raise NvmonError(str(exc)) from None
     try:
         return fn(conn)
     except sqlite3.Error as exc:
-        raise AlertsError(str(describe(db_path, exc))) from None
+        raise NvmonError(str(describe(db_path, exc))) from None
     finally:
         conn.close()
 
@@ -93,12 +83,12 @@ def _write(db_path: str, fn):
 
     path = Path(db_path)
     if not path.exists():  # never create a database here: a typo would make an empty one
-        raise AlertsError(f"database {path}: not found")
+        raise NvmonError(f"database {path}: not found")
     store = Store(path)
     try:
         return store.transact(fn)
     except StoreError as exc:
-        raise AlertsError(str(exc)) from None
+        raise NvmonError(str(exc)) from None
     finally:
         store.close()
 
@@ -138,7 +128,7 @@ class _Share:
             cfg = load_fleet_config(config_path)  # a one-line error of its own on a bad file
             m, cfg_cluster = cfg.mqtt, cfg.node.get("cluster") or cfg.fleet.cluster
         if cluster is not None and not valid_name(cluster):
-            raise AlertsError(f"--cluster {cluster[:80]!r}: use 1-64 characters from A-Z a-z 0-9 . _ -")
+            raise NvmonError(f"--cluster {cluster[:80]!r}: {NAME_HINT}")
         self.cluster = cluster or (cfg_cluster if valid_name(cfg_cluster) else None)
         url = broker or (m.broker if m is not None else None)
         self.settings = None
@@ -152,7 +142,7 @@ class _Share:
                                              ca_file=s(m.ca_file) if m else None, cert_file=s(m.cert_file) if m else None,
                                              key_file=s(m.key_file) if m else None)
             except ValueError as e:
-                raise AlertsError(str(e)) from None
+                raise NvmonError(str(e)) from None
 
     def local(self, db_path: str) -> bool:
         """Write the local database? Always without a broker (a missing one is an error then)."""
@@ -167,9 +157,9 @@ class _Share:
         try:
             return asyncio.run(coro)
         except WireError as e:
-            raise AlertsError(str(e)) from None
+            raise NvmonError(str(e)) from None
         except Exception as e:  # the broker: refused, unreachable, TLS — one line
-            raise AlertsError(f"broker {self.settings.url}: {describe_error(e)}") from None
+            raise NvmonError(f"broker {self.settings.url}: {describe_error(e)}") from None
 
     def report(self, cluster: str, cs) -> None:
         click.echo(f"shared on {self.settings.url} (cluster {cluster}): {len(cs.silences)} silence(s), "
@@ -248,8 +238,8 @@ def render_alerts(records: list[AlertRecord], silenced: set[str], now: float):
 
 def _check_by(by: str | None) -> str:
     who = by or _who()
-    if not _LABEL_KEY.match(who):
-        raise AlertsError("--by: 1-64 characters from A-Z a-z 0-9 . _ -")
+    if not NAME_RE.match(who):
+        raise NvmonError("--by: 1-64 characters from A-Z a-z 0-9 . _ -")
     return who
 
 
@@ -265,7 +255,7 @@ def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: s
     from nvmon.store import alerts as db
 
     if not re.fullmatch(r"[0-9a-fA-F]{4,64}", fingerprint):
-        raise AlertsError(f"fingerprint {fingerprint[:80]!r}: give its hex digits (at least 4), see `nvmon alerts`")
+        raise NvmonError(f"fingerprint {fingerprint[:80]!r}: give its hex digits (at least 4), see `nvmon alerts`")
     fingerprint = fingerprint.lower()
     now, who = time.time(), _check_by(by)
     share = _Share(broker, config_path, cluster)
@@ -279,13 +269,13 @@ def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: s
     path = _db(ctx, db_path)
     found = _write(path, do) if share.local(path) else []
     if len(found) > 1:
-        raise AlertsError(f"{len(found)} active alerts start with {fingerprint}; give more digits")
+        raise NvmonError(f"{len(found)} active alerts start with {fingerprint}; give more digits")
     if found:
         r = found[0]
         click.echo(f"acked {r.fingerprint}: {r.code} on {r.node or r.rack or '?'} {_where(r)}")
         target = (share.cluster or r.cluster, r.fingerprint, r.starts_at)
     elif share.settings is None:
-        raise AlertsError(f"no active alert with fingerprint {fingerprint}")
+        raise NvmonError(f"no active alert with fingerprint {fingerprint}")
     else:
         target = _find_on_broker(share, fingerprint)
     if share.settings is not None:
@@ -301,12 +291,12 @@ def _find_on_broker(share: _Share, fingerprint: str) -> tuple[str, str, float]:
     found = share.run(find_alerts(share.settings, fingerprint, cluster=share.cluster))
     where = f"locally or in the retained alert sets on {share.settings.url}"
     if not found:
-        raise AlertsError(f"no active alert with fingerprint {fingerprint} {where}")
+        raise NvmonError(f"no active alert with fingerprint {fingerprint} {where}")
     if len({a.fingerprint for _, _, a in found}) > 1:
-        raise AlertsError(f"{len(found)} active alerts start with {fingerprint}; give more digits")
+        raise NvmonError(f"{len(found)} active alerts start with {fingerprint}; give more digits")
     c, node, a = found[0]
     if a.starts_at is None:
-        raise AlertsError(f"node {node} does not publish episode starts (an older nvmon): ack it there")
+        raise NvmonError(f"node {node} does not publish episode starts (an older nvmon): ack it there")
     click.echo(f"acked {a.fingerprint}: {a.code} on {node} (from its retained alerts)")
     return c, a.fingerprint, a.starts_at
 
@@ -330,16 +320,16 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
         seconds = parse_duration(duration)
         matchers = parse_matchers(matches)
     except ValueError as e:
-        raise AlertsError(str(e)) from None
+        raise NvmonError(str(e)) from None
     if comment is not None and (len(comment) > 512 or not comment.isprintable()):
-        raise AlertsError("--comment: printable text, up to 512 characters")
+        raise NvmonError("--comment: printable text, up to 512 characters")
     now, who = time.time(), _check_by(by)
     share = _Share(broker, config_path, cluster)
     from nvmon.wire.contract import valid_name
 
     c = share.cluster or (matchers["cluster"] if valid_name(matchers.get("cluster")) else None)  # not a glob
     if share.settings is not None and c is None:
-        raise AlertsError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
+        raise NvmonError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
     what = " ".join(f"{k}={v}" for k, v in matchers.items())
     path = _db(ctx, db_path)
     if share.local(path):
@@ -372,7 +362,7 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: str | None
         from nvmon.alerts.shared import engine_controls, read_shared
 
         if share.cluster is None:
-            raise AlertsError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
+            raise NvmonError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
         found += engine_controls(share.run(read_shared(share.settings, share.cluster)), now)[1]
     if not found:
         click.echo("No silences.")
@@ -396,9 +386,9 @@ def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, 
     share = _Share(broker, config_path, cluster)
     if share.settings is None:
         if not silence_id.isdigit() or int(silence_id) < 1:
-            raise AlertsError(f"silence {silence_id[:40]!r}: give its number (see `nvmon alerts silences`)")
+            raise NvmonError(f"silence {silence_id[:40]!r}: give its number (see `nvmon alerts silences`)")
         if not _write(_db(ctx, db_path), lambda conn: db.end_silence(conn, int(silence_id), now)):
-            raise AlertsError(f"no silence {silence_id} in force")
+            raise NvmonError(f"no silence {silence_id} in force")
         click.echo(f"silence {silence_id} ended")
         return
     from nvmon.alerts.shared import update_shared
@@ -406,7 +396,7 @@ def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, 
     sid = silence_id.rsplit("/", 1)[-1]  # `silences` shows shared ones as CLUSTER/ID
     c = share.cluster or (silence_id.split("/", 1)[0] if "/" in silence_id else None)
     if c is None:
-        raise AlertsError("--cluster NAME: which cluster's shared set (or give CLUSTER/ID)")
+        raise NvmonError("--cluster NAME: which cluster's shared set (or give CLUSTER/ID)")
     gone: list[bool] = []
 
     def change(cs):
@@ -415,6 +405,6 @@ def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, 
 
     cs = share.run(update_shared(share.settings, c, change))
     if not gone or not gone[0]:
-        raise AlertsError(f"no shared silence {sid} in cluster {c}")
+        raise NvmonError(f"no shared silence {sid} in cluster {c}")
     click.echo(f"shared silence {sid} ended")
     share.report(c, cs)

@@ -17,24 +17,17 @@ from typing import TYPE_CHECKING
 import click
 
 from nvmon.alerts.model import AlertRecord, fingerprint
+from nvmon.cli.common import NAME_RE, NvmonError
 
 if TYPE_CHECKING:  # imported when the command runs: `nvmon --help` stays quick (httpx, pydantic)
     from nvmon.alerts.hook_delivery import Hook
 
 DEFAULT_CONFIG = Path("/etc/nvmon/nvmon.toml")
 TEST_CODE = "nvmon.test"
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-
-
-class HooksError(click.ClickException):
-    """A one-line error, shown as `nvmon: <message>`, exit status 1, no traceback."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"nvmon: {self.format_message()}", err=True)
 
 
 def _name(value: object, default: str | None) -> str | None:
-    return value if isinstance(value, str) and _NAME_RE.match(value) else default
+    return value if isinstance(value, str) and NAME_RE.match(value) else default
 
 
 def synthetic_alert(node_table: dict, severity: str, now: float) -> AlertRecord:
@@ -104,15 +97,15 @@ def hooks_test_command(config_path: Path | None, only: tuple[str, ...], severity
     try:
         configs, node_table = load_hooks(path)
     except HookConfigError as e:
-        raise HooksError(str(e)) from None
+        raise NvmonError(str(e)) from None
     if only:
         unknown = [n for n in only if n not in {c.name for c in configs}]
         if unknown:
-            raise HooksError(f"--hook {unknown[0]}: no such hook in {path} "
+            raise NvmonError(f"--hook {unknown[0]}: no such hook in {path} "
                              f"(hooks: {', '.join(c.name for c in configs) or 'none'})")
         configs = tuple(c for c in configs if c.name in only)
     if not configs:
-        raise HooksError(f"{path}: no [[hooks]] configured")
+        raise NvmonError(f"{path}: no [[hooks]] configured")
     now = time.time()
     firing = synthetic_alert(node_table, severity, now)
     resolved = firing.with_status("resolved", now)

@@ -20,15 +20,10 @@ from pathlib import Path
 
 import click
 
+from nvmon.cli.common import NvmonError
+
 STATUS_EVERY_S = 5.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class DemoCliError(click.ClickException):
-    """A user-facing one-line error (same form as nvmon.cli's)."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"nvmon: {self.format_message()}", err=True)
 
 
 class _Recent(logging.Handler):
@@ -60,7 +55,7 @@ def _load_tui():
         from nvmon.tui.app import NvmonApp
     except ImportError as e:
         if (e.name or "").startswith("nvmon.tui"):
-            raise DemoCliError("the TUI (nvmon/tui/app.py) is not part of this build yet; "
+            raise NvmonError("the TUI (nvmon/tui/app.py) is not part of this build yet; "
                                "run `nvmon demo --no-tui` and watch the broker with mosquitto_sub") from None
         raise
     return NvmonApp
@@ -190,14 +185,14 @@ def demo_command(nodes: int, racks: int | None, seed: int, port: int | None, no_
     if not no_tui:
         tui_app = _load_tui()
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            raise DemoCliError("the TUI needs a terminal; use --no-tui to run headless")
+            raise NvmonError("the TUI needs a terminal; use --no-tui to run headless")
     recent = _setup_logging(tui=tui_app is not None)
     from nvmon.demo.fleet import DemoError
 
     try:
         rc = asyncio.run(_main(plan, port=port, tui_app=tui_app, duration=duration))
     except DemoError as e:
-        raise DemoCliError(str(e)) from None
+        raise NvmonError(str(e)) from None
     finally:
         _remove_own_sim_trees()
         if recent is not None and recent.count:

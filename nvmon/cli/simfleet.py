@@ -11,26 +11,7 @@ import signal
 
 import click
 
-from nvmon.wire.contract import valid_name
-
-
-class FleetCliError(click.ClickException):
-    """A user-facing one-line error (same form as nvmon.cli's)."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"nvmon: {self.format_message()}", err=True)
-
-
-def _cluster(ctx, param, value: str) -> str:
-    if not valid_name(value):
-        raise click.BadParameter("use 1-64 characters from A-Z a-z 0-9 . _ -")
-    return value
-
-
-def _interval(ctx, param, value: float) -> float:
-    if not 0.05 <= value <= 300:
-        raise click.BadParameter("must be between 0.05 and 300 seconds")
-    return value
+from nvmon.cli.common import NvmonError, check_cluster, check_interval
 
 
 def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
@@ -49,10 +30,10 @@ def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
 @click.option("--nodes", type=click.IntRange(1, 20_000), default=20, show_default=True, help="Nodes to simulate.")
 @click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True, metavar="URL",
               help="mqtt://HOST[:PORT] or mqtts://HOST[:PORT].")
-@click.option("--cluster", default="sim", show_default=True, callback=_cluster, help="Cluster name (topic level).")
+@click.option("--cluster", default="sim", show_default=True, callback=check_cluster, help="Cluster name (topic level).")
 @click.option("--racks", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="Racks to spread the nodes over, in order (rack-00 holds the first nodes).")
-@click.option("--interval", type=float, default=1.0, show_default=True, callback=_interval,
+@click.option("--interval", type=float, default=1.0, show_default=True, callback=check_interval,
               help="Seconds between a node's samples.")
 @click.option("--fault", "faults", multiple=True, callback=_faults, metavar="NODE_INDEX=SIMSPEC",
               help="Plant faults on one node, e.g. 3=nvlink_down=2.5,pcie_width=3:8 (keys as in --sim; "
@@ -77,7 +58,7 @@ def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interva
         fleet = SimFleet(MqttSettings(url=broker), nodes, cluster=cluster, racks=racks, faults=faults,
                          interval_s=interval, profile=profile, prefix=prefix)
     except ValueError as e:
-        raise FleetCliError(str(e)) from None
+        raise NvmonError(str(e)) from None
     click.echo(describe(fleet) + "; Ctrl-C to stop", err=True)
     asyncio.run(_run(fleet, seconds))
 

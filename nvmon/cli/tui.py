@@ -7,21 +7,15 @@ import os
 
 import click
 
-from nvmon.wire.contract import valid_name
+from nvmon.cli.common import NvmonError, check_cluster
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
-
-
-def _cluster(ctx, param, value: str | None) -> str | None:
-    if value is not None and not valid_name(value):
-        raise click.BadParameter("use 1-64 characters from A-Z a-z 0-9 . _ -")
-    return value
 
 
 @click.command("tui")
 @click.option("--broker", metavar="URL", default=lambda: os.environ.get("NVMON_BROKER") or DEFAULT_BROKER,
               show_default=f"$NVMON_BROKER or {DEFAULT_BROKER}", help="mqtt://HOST[:PORT] or mqtts://HOST[:PORT].")
-@click.option("--cluster", callback=_cluster, help="Show one cluster (default: every cluster on the broker).")
+@click.option("--cluster", callback=check_cluster, help="Show one cluster (default: every cluster on the broker).")
 @click.option("--username", help="Broker user name.")
 @click.option("--password-file", type=click.Path(dir_okay=False), metavar="FILE",
               help="File holding the broker password (never on the command line).")
@@ -42,14 +36,13 @@ def tui_command(broker: str, cluster: str | None, username: str | None, password
     Keys: Enter node · / filter · s sort · g racks · p problems · a alerts · ? help · q quit
     Try it without hardware:  nvmon sim-fleet --nodes 50 --racks 4 &  nvmon tui
     """
-    from nvmon.fleet.cli import FleetCliError
     from nvmon.wire.mqtt import MqttSettings
 
     try:
         settings = MqttSettings(url=broker, username=username, password_file=password_file, ca_file=ca_file,
                                 cert_file=cert_file, key_file=key_file, tls_insecure=tls_insecure)
     except ValueError as e:
-        raise FleetCliError(str(e)) from None
+        raise NvmonError(str(e)) from None
     # Logs must not scribble over the screen: to --log-file, else nowhere (the header and its
     # banner show the broker's state and the drop counts).
     handler = logging.FileHandler(log_file) if log_file else logging.NullHandler()

@@ -1,7 +1,7 @@
 """`nvmon history`: print the node's local history from its SQLite file, read-only.
 
 Registered by the main CLI (`cli.add_command(history_command)`); runnable alone for tests:
-`python -c "from nvmon.store.cli import history_command; history_command()" --since 1h`.
+`python -c "from nvmon.cli.history import history_command; history_command()" --since 1h`.
 """
 
 from __future__ import annotations
@@ -17,29 +17,20 @@ from typing import Any
 
 import click
 
+from nvmon.cli.common import DEFAULT_DB, DURATION, UNIT_S, NvmonError
 from nvmon.store.errors import StoreError, describe
 from nvmon.store.metrics import DEFAULT_METRICS, KINDS, METRICS
 from nvmon.store.query import History, history, open_readonly
 
-DEFAULT_DB = "/var/lib/nvmon/nvmon.db"
 DEFAULT_TABLE_LIMIT = 200
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
-_UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-class HistoryError(click.ClickException):
-    """A one-line error, shown as `nvmon: <message>`, exit status 1, no traceback."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"nvmon: {self.format_message()}", err=True)
 
 
 def parse_time(text: str, now: float) -> float:
     """`10m`/`2h`/`3d`/`1w` ago, ISO 8601 (UTC unless it gives an offset), or unix seconds →
     unix seconds. Raises ValueError with a short reason."""
-    m = _DURATION.match(text)
+    m = DURATION.match(text)
     if m:
-        return now - float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+        return now - float(m.group(1)) * UNIT_S[m.group(2).lower()]
     try:
         value = float(text)
     except ValueError:
@@ -132,12 +123,12 @@ def history_command(db_path: str, since: float, until: float | None, gpus: tuple
     try:
         conn = open_readonly(db_path)
     except StoreError as exc:
-        raise HistoryError(str(exc)) from None
+        raise NvmonError(str(exc)) from None
     try:
         result = history(conn, metrics, int(since * 1000), int(until * 1000), gpus=gpus, links=links,
                          source=source)
     except sqlite3.Error as exc:
-        raise HistoryError(str(describe(db_path, exc))) from None
+        raise NvmonError(str(describe(db_path, exc))) from None
     finally:
         conn.close()
     if limit is None:
