@@ -57,6 +57,7 @@ class _Clock:
 
 def record_one(spec: str, out: Path) -> None:
     from nvmon.collect.node import NodeSampler
+    from nvmon.audit import Judge
     from nvmon.export.collector import DaemonHealth, SampleCollector, advance
     from nvmon.export.exposition import exposition
     from nvmon.model import sample_to_dict
@@ -69,7 +70,7 @@ def record_one(spec: str, out: Path) -> None:
     node = SimNode(spec, clock=clock)
     root = str(node.sysfs_root)
     host = _host()
-    collector = SampleCollector(node_spec=NodeSpec(), node_info={"cluster": "c1", "rack": "r1", "version": "rec"},
+    collector = SampleCollector(judge=Judge(NodeSpec()), node_info={"cluster": "c1", "rack": "r1", "version": "rec"},
                                 health=lambda: DaemonHealth(ticks=1))
     texts: dict = {}
     snap = None

@@ -484,6 +484,30 @@ def audit(sample: Sample, node_spec: NodeSpec = NodeSpec(), thresholds: Threshol
                        tuple(findings))
 
 
+class Judge:
+    """The audit of one node (its spec, its thresholds), run once per sample.
+
+    The daemon hands every tick to its alert rules, its Prometheus page and the wire's per-tick
+    findings; all three ask the same `Judge`, which audits each sample once (it remembers the
+    last one it saw, by identity: a `Sample` is immutable) and gives them the same report.
+    """
+
+    __slots__ = ("node_spec", "thresholds", "_last")
+
+    def __init__(self, node_spec: NodeSpec = NodeSpec(), thresholds: Thresholds = Thresholds()) -> None:
+        self.node_spec = node_spec
+        self.thresholds = thresholds
+        self._last: tuple[Sample, AuditReport] | None = None
+
+    def __call__(self, sample: Sample) -> AuditReport:
+        last = self._last  # one read: the exporter's HTTP thread may ask at the same time
+        if last is not None and last[0] is sample:
+            return last[1]
+        report = audit(sample, self.node_spec, self.thresholds)
+        self._last = (sample, report)
+        return report
+
+
 def _verdict(findings: list[Finding], sample: Sample, judged: bool) -> str:
     severities = {f.severity for f in findings}
     if "critical" in severities:

@@ -12,6 +12,7 @@ from nvmon.loadgen.boards import ALERT_HOLD, Board, NodeIdentity, node_sample
 from nvmon.loadgen.fleet import fault_spec, node_names
 from nvmon.sim.scenario import SimSpecError
 from nvmon.wire.contract import topic
+from nvmon.audit import audit
 from nvmon.wire.payloads import layout_id, parse_message, sample_payload
 
 T0 = 1_700_000_000.0
@@ -30,7 +31,9 @@ def test_patched_payload_reads_back_as_the_builders(board):
     payload = board.payload_for(layout, T0 + 0.25)
     assert board._parts[1] is not None, "sample_payload's header changed: the fast path is off"
     got = parse_message(topic("c1", WHO.name, "sample"), payload)
-    want = parse_message(topic("c1", WHO.name, "sample"), sample_payload(board.sample))
+    findings = audit(board.sample, board.node_spec).findings
+    want = parse_message(topic("c1", WHO.name, "sample"), sample_payload(board.sample, findings))
+    assert [(f.code, f.gpu, f.link) for f in got.findings] == [("nvlink.link_down", 2, 5)]  # the node's audit
     assert got.ts == T0 + 0.25 and got.layout == layout != want.layout
     assert dataclasses.replace(got, ts=want.ts, layout=want.layout) == want
 

@@ -136,6 +136,18 @@ def test_sample_carries_faults_sparsely():
     assert tick.ib[2].errors_delta["symbol_error"] > 0 and tick.ib[0].errors_delta == {}
 
 
+def test_sample_carries_the_nodes_findings_without_info():
+    from nvmon.audit import audit
+
+    s = sim_ticks("hgx-h100,nvlink_down=2.5,pcie_width=6:8,ib_pcie_width=mlx5_1,ib_rate=3", 3)[-1]
+    report = audit(s)
+    tick = read("sample", sample_payload(s, report.findings))
+    assert [(f.code, f.severity, f.gpu, f.link, f.device, f.port) for f in tick.findings] == [
+        (f.code, f.severity, f.gpu, f.link, f.device, f.port) for f in report.findings if f.severity != "info"]
+    assert {f.code for f in tick.findings} == {"nvlink.link_down", "pcie.width", "ib.rate"}
+    assert b'"f"' not in sample_payload(s) and read("sample", sample_payload(s)).findings == ()  # an older daemon
+
+
 def test_lost_gpu_and_missing_nvml():
     s = sim_ticks("hgx-h100,gpu_lost=4", 1)[-1]
     w = read("sample", sample_payload(s)).gpus[4]
@@ -293,6 +305,11 @@ def with_(d: dict, **kw) -> bytes:
     ("sample", with_(good_sample(), it=[1] * 7 + [1.5]), r"it\[7\]: expected integer"),
     ("sample", with_(good_sample(), ig=[400] * 7 + [1e300]).replace(b"1e+300", b"1e999"), r"ig\[7\]: inf outside"),
     ("sample", with_(good_sample(), h=[1.0, 2.0]), "h: 2 items"),
+    ("sample", with_(good_sample(), f=[["pcie.width", "fatal", 3]]), r"f\[0\]: unknown severity"),
+    ("sample", with_(good_sample(), f=[["\x1b[2J", "warning"]]), r"f\[0\]: bad finding code"),
+    ("sample", with_(good_sample(), f=[["ib.rate", "warning", None, None, "mlx5_0", -1]]), r"f\[0\]: -1 outside"),
+    ("sample", with_(good_sample(), f=[["ib.rate"]]), r"f\[0\]: expected \[code"),
+    ("sample", with_(good_sample(), f=[["gpu.lost", "critical"]] * 257), r"f: 257 items"),
     ("alerts", with_({"schema": 1, "ts": 1}, alerts=[{"fingerprint": "a", "code": "c", "severity": "bad",
                                                         "state": "firing", "since": 1}]), "severity"),
     ("inventory", with_({"schema": 1, "ts": 1, "node": "gpu-node-01", "cluster": "c1", "layout": "ab"},

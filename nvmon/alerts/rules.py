@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from nvmon.alerts.model import AlertRecord, fingerprint
 from nvmon import xid as xids
 from nvmon.alerts.settings import AlertsSettings
-from nvmon.audit import RULES, Finding, Thresholds, audit
+from nvmon.audit import RULES, Finding, Judge, Thresholds
 from nvmon.codes import NODE_CODES
 from nvmon.model import Sample, to_jsonable
 from nvmon.specs import NodeSpec
@@ -132,10 +132,13 @@ class NodeRules:
 
     def __init__(self, settings: AlertsSettings = AlertsSettings(), *, cluster: str, node: str,
                  rack: str | None = None, labels: Mapping[str, str] | None = None,
-                 node_spec: NodeSpec = NodeSpec(), interval_s: float = 1.0):
+                 node_spec: NodeSpec = NodeSpec(), interval_s: float = 1.0, judge: Judge | None = None):
+        """`judge`: the daemon's shared audit (it must use `thresholds_of(settings)`); by default
+        one of the rules' own."""
         self.book = rule_book(settings, interval_s)
-        self.thresholds = thresholds_of(settings)
-        self.node_spec = node_spec
+        self.judge = judge if judge is not None else Judge(node_spec, thresholds_of(settings))
+        self.thresholds = self.judge.thresholds
+        self.node_spec = self.judge.node_spec
         self.cluster, self.node, self.rack = cluster, node, rack
         self.labels = dict(labels or {})
         self.errors = 0  # findings that could not be turned into a condition (bugs), counted
@@ -154,7 +157,7 @@ class NodeRules:
 
     def conditions(self, sample: Sample, now: float) -> list[Condition]:
         """The conditions holding at `now`. Raises only if the audit itself fails."""
-        findings = audit(sample, self.node_spec, self.thresholds).findings
+        findings = self.judge(sample).findings
         out: list[Condition] = []
         for f in findings:
             rule = self.book.get(f.code)

@@ -46,10 +46,10 @@ def _where(r: AlertRecord) -> str:
 
 class DaemonAlerts:
     def __init__(self, cfg, *, node: str, node_spec: NodeSpec, store, publisher=None,
-                 notifier: Notifier | None = None, clock: Callable[[], float] = time.time):
+                 notifier: Notifier | None = None, clock: Callable[[], float] = time.time, judge=None):
         a = cfg.alerts
         self.rules = NodeRules(a, cluster=cfg.node.cluster, node=node, rack=cfg.node.rack, labels=cfg.node.labels,
-                               node_spec=node_spec, interval_s=cfg.sampling.interval_s)
+                               node_spec=node_spec, interval_s=cfg.sampling.interval_s, judge=judge)
         self.engine = AlertEngine(self.rules, started_at=clock(), startup_grace_s=a.startup_grace_s,
                                   tick_slack_s=cfg.sampling.interval_s / 4)
         self.store, self.publisher = store, publisher

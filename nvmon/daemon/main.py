@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 
 from nvmon import __version__
+from nvmon.alerts.rules import thresholds_of
+from nvmon.audit import Judge
 from nvmon.collect.node import NodeSampler, load_real_pynvml
 from nvmon.daemon import sdnotify
 from nvmon.daemon.config import ConfigError, DaemonConfig
@@ -83,9 +85,10 @@ class Daemon:
         self.writer: StoreWriter | None = None
         self.publisher = None
         self.exporter = None
+        self.judge = Judge(self.node_spec(), thresholds_of(cfg.alerts))  # one audit per tick, shared
         self.alerts = None  # DaemonAlerts (nvmon/daemon/alerting.py); None when [alerts] enabled = false
         self.notifier = None  # an nvmon.alerts.engine.Notifier (the hooks); None: nobody is paged
-        self.wire_q: asyncio.Queue[Sample] = asyncio.Queue(maxsize=WIRE_QUEUE)
+        self.wire_q: asyncio.Queue[tuple[Sample, tuple]] = asyncio.Queue(maxsize=WIRE_QUEUE)  # (sample, findings)
         self._last_tick = 0.0
         self._inventory: tuple[str, bytes] | None = None  # (layout id, payload)
         self._stop = asyncio.Event()
@@ -130,12 +133,10 @@ class Daemon:
         listen = self.cfg.prometheus.listen
         if not listen:
             return None
-        from nvmon.alerts.rules import thresholds_of
         from nvmon.export.prometheus import PrometheusExporter
 
         n = self.cfg.node
-        return PrometheusExporter(listen, node_spec=self.node_spec(), thresholds=thresholds_of(self.cfg.alerts),
-                                  health=self.health,
+        return PrometheusExporter(listen, judge=self.judge, health=self.health,
                                   node_info={"cluster": n.cluster, "rack": n.rack or "", "version": __version__})
 
     def health(self):
@@ -231,9 +232,13 @@ class Daemon:
         self._last_tick = time.monotonic()
         try:
             self.writer.put(sample)
+            # Audited once here; the rules and the exporter get the same report from the judge.
+            # The findings ride along on the wire, so that the TUI and `nvmon fleet` show what
+            # this node's audit found instead of judging for themselves.
+            findings = self.judge(sample).findings
             if self.exporter is not None:
                 self.exporter.update(sample)
-            if self.publisher is not None and _put_newest(self.wire_q, sample):
+            if self.publisher is not None and _put_newest(self.wire_q, (sample, findings)):
                 self.stats.wire_dropped += 1
             if self.alerts is not None:
                 self.alerts.tick(sample)  # never raises; ≤ 1 ms
@@ -321,7 +326,7 @@ class Daemon:
             from nvmon.daemon.alerting import DaemonAlerts
 
             self.alerts = DaemonAlerts(self.cfg, node=self.node, node_spec=self.node_spec(), store=self.store,
-                                       publisher=self.publisher, notifier=self.notifier)
+                                       publisher=self.publisher, notifier=self.notifier, judge=self.judge)
             await self.alerts.restore()
         # The first sample before anything else: inventory and the first stored tick need it.
         self.latest = await asyncio.to_thread(self.sampler.sample)

@@ -20,13 +20,12 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample as PromSample
 
-from nvmon.audit import RULES, Thresholds, audit
+from nvmon.audit import RULES, Judge
 from nvmon.audit import _is_active as ib_port_up  # one definition of a working port
 from nvmon.catalog import BY_NAME, FAMILIES
 from nvmon.export.catalog import METRICS
 from nvmon.export.exposition import Labels
 from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample
-from nvmon.specs import NodeSpec
 
 TOPOLOGY_CLASSES = ("nvswitch", "mesh", "pairs", "partial", "none", "unknown")
 VERDICTS = ("ok", "warning", "critical", "unknown")
@@ -218,12 +217,10 @@ class _Families:
 class SampleCollector(Collector):
     """A `prometheus_client` collector over one snapshot (`snapshot`, set before each collect)."""
 
-    def __init__(self, *, node_spec: NodeSpec, node_info: Mapping[str, str],
-                 health: Callable[[], DaemonHealth | None], thresholds: Thresholds = Thresholds()):
+    def __init__(self, *, judge: Judge, node_info: Mapping[str, str], health: Callable[[], DaemonHealth | None]):
         from nvmon.model import THROTTLE_BITS
 
-        self.node_spec = node_spec
-        self.thresholds = thresholds  # the daemon's [alerts] thresholds: its alerts and this page agree
+        self.judge = judge  # the daemon's: its alerts and this page agree
         self.node_info = dict(node_info)
         self.health = health
         self.snapshot: Snapshot | None = None
@@ -382,7 +379,7 @@ class SampleCollector(Collector):
                 f.add("nvmon_topology_nvswitch_links", gpu_labels[i], n)
 
     def _audit(self, f: _Families, s: Sample, node: Labels) -> None:
-        report = audit(s, self.node_spec, self.thresholds)
+        report = self.judge(s)
         counts = dict.fromkeys(RULES, 0)
         for finding in report.findings:
             counts[finding.code] = counts.get(finding.code, 0) + 1

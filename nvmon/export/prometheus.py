@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from prometheus_client import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from nvmon.audit import Thresholds
+from nvmon.audit import Judge, Thresholds
 from nvmon.export.collector import DaemonHealth, SampleCollector, Snapshot, advance
 from nvmon.export.exposition import exposition
 from nvmon.export.server import MetricsServer
@@ -61,10 +61,12 @@ class PrometheusExporter:
     """
 
     def __init__(self, listen: str, *, node_spec: NodeSpec = NodeSpec(), thresholds: Thresholds = Thresholds(),
-                 node_info: Mapping[str, str] = {}, health: Callable[[], DaemonHealth | None] = lambda: None,
-                 process_metrics: bool = True):
+                 judge: Judge | None = None, node_info: Mapping[str, str] = {},
+                 health: Callable[[], DaemonHealth | None] = lambda: None, process_metrics: bool = True):
+        """`judge`: the daemon's shared audit (its spec and `[alerts]` thresholds), so that
+        `nvmon_audit_findings` is what its alerts see; without one, `node_spec` and `thresholds`."""
         self.listen = listen
-        self.collector = SampleCollector(node_spec=node_spec, thresholds=thresholds, node_info=node_info,
+        self.collector = SampleCollector(judge=judge or Judge(node_spec, thresholds), node_info=node_info,
                                          health=health)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)

@@ -94,7 +94,8 @@ class Board:
         """Sample at `now` and prepare the payload parts; alerts move on one tick."""
         self._now = now
         sample = self.sampler.sample()
-        payload = sample_payload(sample)
+        findings = audit(sample, self.node_spec).findings  # once: the payload carries them, the alerts follow them
+        payload = sample_payload(sample, findings)
         m = _HEAD.match(payload)
         if m:
             parts = (m.group(1), payload[m.end():], None)
@@ -109,7 +110,7 @@ class Board:
         lay = layout_id(sample)
         if lay != self.layout:
             self.layout, self.layout_gen = lay, self.layout_gen + 1
-        self._track_alerts(sample, now)
+        self._track_alerts(findings, now)
 
     def payload_for(self, layout: str, ts: float) -> bytes:
         """This tick's `sample` payload for a node with `layout`, stamped `ts`."""
@@ -127,9 +128,9 @@ class Board:
         return (inventory_payload(s, cluster=who.cluster, rack=who.rack, labels=who.labels, spec=self.node_spec),
                 layout_id(s))
 
-    def _track_alerts(self, sample: Sample, now: float) -> None:
+    def _track_alerts(self, findings, now: float) -> None:
         present = {}
-        for f in audit(sample, self.node_spec).findings:
+        for f in findings:
             if f.severity == "info":
                 continue
             fp = hashlib.blake2s(repr((f.code, f.gpu, f.link, f.device, f.port)).encode(), digest_size=4).hexdigest()

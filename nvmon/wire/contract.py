@@ -41,6 +41,7 @@ MAX_TEXT = 256  # model names, bus ids, label values, versions, error strings
 MAX_SUMMARY = 512
 MAX_INDEX = 1023  # a GPU index
 LINK_PCT_MAX = 1000  # a link "at 1000 %" means a bogus speed, not traffic
+MAX_FINDINGS = 256  # warning/critical findings in one `sample` (more are cut; the alerts still hold them)
 MAX_XID_EVENTS = 16  # Xid events per GPU in one `sample` (more in one tick are cut, the alert still fires)
 MAX_XID = 2**32 - 1  # NVML's eventData is 64-bit; Xid numbers are small (999 = unknown)
 
@@ -285,6 +286,19 @@ class IbTick:
 
 
 @dataclass(frozen=True, slots=True)
+class TickFinding:
+    """One warning or critical finding of the node's audit of this tick (`nvmon.audit.Finding`,
+    without its message): what a view marks, as the node judged it."""
+
+    code: str  # e.g. "pcie.width"
+    severity: str  # ALERT_SEVERITIES
+    gpu: int | None = None
+    link: int | None = None
+    device: str | None = None  # an IB device (its port, or its HCA when `port` is None)
+    port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """`sample`: one tick of one node."""
 
@@ -299,6 +313,7 @@ class Tick:
     mem_used_pct: float | None
     load1: float | None
     nvml_error: str | None
+    findings: tuple[TickFinding, ...] = ()  # the node's audit of this tick (none from an older daemon)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import random
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -28,6 +28,7 @@ import aiomqtt
 from aiomqtt.exceptions import MqttConnectError  # not re-exported by aiomqtt 2.x; a negative CONNACK
 
 from nvmon.aio import raise_if_cancelled
+from nvmon.audit import Finding
 from nvmon.model import Sample
 from nvmon.wire.contract import DELIVERY, Alert, WireError, topic, valid_name
 from nvmon.wire.payloads import alerts_payload, layout_id, sample_payload, status_payload
@@ -252,7 +253,7 @@ class Publisher:
         self.topics = {kind: topic(cluster, node, kind) for kind in DELIVERY}
         self.client_id = f"nvmon-{cluster}-{node}"
         self._client: aiomqtt.Client | None = None
-        self._latest: Sample | None = None  # the one sample waiting for the wire
+        self._latest: Sample | tuple | None = None  # the one sample (and its findings) waiting for the wire
         self._wake = asyncio.Event()
         self._inventory_provider: InventoryProvider = lambda: None
         self._alerts_provider: AlertsProvider | None = None
@@ -278,9 +279,11 @@ class Publisher:
                               published=self._published, dropped=self._dropped, errors=self._errors,
                               last_error=self._last_error)
 
-    async def run(self, samples: asyncio.Queue[Sample], inventory_provider: InventoryProvider,
+    async def run(self, samples: asyncio.Queue[Sample | tuple[Sample, Sequence[Finding]]],
+                  inventory_provider: InventoryProvider,
                   alerts_provider: AlertsProvider | None = None) -> NoReturn:
-        """Publish until cancelled. `samples` is drained continuously, connected or not: only the
+        """Publish until cancelled. `samples` (a `Sample`, or a `(sample, findings)` pair to carry
+        the tick's audit findings) is drained continuously, connected or not: only the
         newest waits for the wire, older ones are counted in `dropped`, so memory stays bounded
         while the broker is away.
 
@@ -309,7 +312,7 @@ class Publisher:
 
     # --- internals ------------------------------------------------------------------------
 
-    async def _pump(self, samples: asyncio.Queue[Sample]) -> NoReturn:
+    async def _pump(self, samples: asyncio.Queue) -> NoReturn:
         while True:
             sample = await samples.get()
             samples.task_done()
@@ -431,7 +434,8 @@ class Publisher:
         except (ValueError, KeyError, TypeError):
             self._announced_layout = None
 
-    async def _publish_sample(self, client: aiomqtt.Client, sample: Sample) -> None:
+    async def _publish_sample(self, client: aiomqtt.Client, item: Sample | tuple) -> None:
+        sample, findings = item if isinstance(item, tuple) else (item, ())
         # A sample whose GPUs/ports no longer match the announced inventory (or no inventory
         # yet): ask for the inventory again — at once for a new layout or while none is out,
         # then every 10 s while the provider still lags behind.
@@ -441,7 +445,7 @@ class Publisher:
             self._checked_layout = lay
             await self._publish_inventory(client)
         try:
-            payload = sample_payload(sample)
+            payload = sample_payload(sample, findings)
         except WireError as e:
             self._dropped += 1
             log.error("MQTT: sample not published: %s", e)

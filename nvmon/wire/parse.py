@@ -37,6 +37,7 @@ from nvmon.wire.contract import (
     ALERT_STATES,
     LINK_PCT_MAX,
     MAX_ALERTS,
+    MAX_FINDINGS,
     MAX_GPUS,
     MAX_IB_PORTS,
     MAX_INDEX,
@@ -58,6 +59,7 @@ from nvmon.wire.contract import (
     LinkInfo,
     Message,
     PcieInfo,
+    TickFinding,
     Status,
     SwitchInfo,
     Tick,
@@ -294,7 +296,28 @@ def _tick(d: dict, cluster: str, node: str, ts: float) -> Tick:
     h = array(get("h", _NO_HOST), "h", 3, length=3)
     return Tick(cluster, node, ts, number(get("dt"), "dt", 0, 86400, null=False), _layout(get("lay")), gpus, ib,
                 number(h[0], "h[0]", hi=1e4), number(h[1], "h[1]", hi=1e3), number(h[2], "h[2]", hi=1e6),
-                text(get("nv"), "nv"))
+                text(get("nv"), "nv"), _tick_findings(get("f")) if get("f") else ())
+
+
+_CODE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
+
+
+def _tick_findings(v: object) -> tuple[TickFinding, ...]:
+    """`f`: [[code, severity, gpu?, link?, device?, port?], ...] (trailing nulls may be left out)."""
+    out = []
+    for i, row in enumerate(array(v, "f", MAX_FINDINGS)):
+        path = f"f[{i}]"
+        if not isinstance(row, list) or not 2 <= len(row) <= 6:
+            raise WireError(f"{path}: expected [code, severity, gpu, link, device, port]")
+        code = text(row[0], path, 64, null=False)
+        if not _CODE.fullmatch(code):
+            raise WireError(f"{path}: bad finding code")
+        if row[1] not in ALERT_SEVERITIES:
+            raise WireError(f"{path}: unknown severity")
+        row = row + [None] * (6 - len(row))
+        out.append(TickFinding(code, row[1], integer(row[2], path, 0, MAX_INDEX), integer(row[3], path, 0, MAX_LINKS),
+                               text(row[4], path, 64), integer(row[5], path, 0, MAX_INDEX)))
+    return tuple(out)
 
 
 _IB_UP = ("ACTIVE", "LinkUp")  # an IB port's (state, phys_state) unless the sample says otherwise
@@ -310,7 +333,7 @@ if (tuple(GpuTick.__dataclass_fields__) != (
         "index", "rate_gbps", "tx_bytes_per_s", "rx_bytes_per_s", "state", "phys_state", "errors_delta")
         or tuple(Tick.__dataclass_fields__) != (
         "cluster", "node", "ts", "interval_s", "layout", "gpus", "ib", "cpu_pct", "mem_used_pct", "load1",
-        "nvml_error")):
+        "nvml_error", "findings")):
     raise ImportError("nvmon.wire.parse: GpuTick/IbTick/Tick fields changed; update _tick")
 
 

@@ -22,6 +22,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from nvmon.audit import Finding
 from nvmon.codes import Severity
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec, gpu_spec_for
@@ -30,6 +31,7 @@ from nvmon.wire.contract import (
     ALERT_STATES,
     KINDS,
     LINK_PCT_MAX,
+    MAX_FINDINGS,
     MAX_LABELS,
     MAX_LINKS,
     MAX_NAME,
@@ -236,8 +238,25 @@ def _may_rise(deltas: list) -> bool:
 _values = operator.methodcaller("values")  # as `.values()`: any mapping, AttributeError on None
 
 
-def sample_payload(sample: Sample) -> bytes:
+def _findings(findings: Iterable[Finding]) -> list[list]:
+    """The warning and critical findings as `[code, severity, gpu, link, device, port]`, trailing
+    nulls left out (info findings describe the board: the inventory has that)."""
+    out: list[list] = []
+    for f in findings:
+        if f.severity == Severity.INFO:
+            continue
+        row = [_text(f.code, 64), str(f.severity), f.gpu, f.link, _text(f.device, 64), f.port]
+        while row[-1] is None:
+            row.pop()
+        out.append(row)
+        if len(out) == MAX_FINDINGS:
+            break
+    return out
+
+
+def sample_payload(sample: Sample, findings: Iterable[Finding] = ()) -> bytes:
     """`sample`: one tick, compact. Keys in docs/wire.md ("sample"); arrays are per GPU / per port.
+    `findings`: the node's audit of this sample (`nvmon.audit`), carried as `f`.
 
     This runs every tick over every link (144 on an HGX H100), so the per-link work is done a column
     at a time with list comprehensions, and the sparse maps (down links, odd speeds, error rises)
@@ -350,6 +369,8 @@ def sample_payload(sample: Sample) -> bytes:
     out["h"] = [_num(h.cpu_pct), _num(h.mem_used_pct), _num(h.load1, 2)]
     if not sample.nvml.available:
         out["nv"] = _text(sample.nvml.error or "unavailable")
+    if findings and (rows := _findings(findings)):
+        out["f"] = rows
     return encode(out)
 
 
