@@ -162,11 +162,21 @@ def _store(path: Path, ignore: set[str]) -> dict:
     out = {}
     for name, t in tables.items():
         keep = [i for i, c in enumerate(t["columns"]) if c not in ignore]
-        rows = [[r[i] for i in keep] for r in t["rows"]]
+        rows = [[_cell(r[i], ignore) for i in keep] for r in t["rows"]]
         # The schema text changes when columns are added; compare it only when nothing is ignored.
         out[name] = {"columns": [t["columns"][i] for i in keep], "rows": rows,
                      **({"sql": t["sql"]} if not ignore else {})}
     return out
+
+
+def _cell(v, ignore: set[str]):
+    """A JSON object stored as text (inventory facts) loses the ignored keys too."""
+    if ignore and isinstance(v, str) and v.startswith("{"):
+        try:
+            return json.dumps(_strip(json.loads(v), ignore), sort_keys=True)
+        except ValueError:
+            return v
+    return v
 
 
 def compare(a: Path, b: Path, ignore: set[str]) -> int:

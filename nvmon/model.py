@@ -97,6 +97,16 @@ class GpuSample:
     # Xid numbers of the NVML Xid-critical-error events delivered this tick, in arrival order
     # (999 = an Xid NVML could not identify). Events, not state: empty on most ticks.
     xid_events: tuple[int, ...] = ()
+    # Clocks (Hz; NVML reports MHz) and framebuffer memory (bytes); maxima and the total are read
+    # once. Memory (HBM) temperature from NVML_FI_DEV_MEMORY_TEMP. (nvmon/catalog/metrics.py)
+    sm_clock_hz: int | None = None
+    sm_clock_max_hz: int | None = None
+    mem_clock_hz: int | None = None
+    mem_clock_max_hz: int | None = None
+    fb_used_bytes: int | None = None
+    fb_free_bytes: int | None = None
+    fb_total_bytes: int | None = None
+    memory_temperature_c: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,3 +118,63 @@ def test_the_catalog_is_a_leaf():
             for name in names:
                 if name.startswith("nvmon"):
                     assert name == "nvmon.model" or name.startswith("nvmon.catalog"), (path.name, name)
+
+
+# -- migration: a database written before the catalog's metrics opens, keeps its data, gains them --
+
+def _v2_database(path: Path) -> None:
+    """A database as nvmon wrote it at schema version 2, with one GPU tick in it."""
+    from nvmon.store import schema
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    for script in (schema._V1, schema._V2):
+        for statement in schema._statements(script):
+            conn.execute(statement)
+    conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 2")
+    conn.execute("INSERT INTO ticks (ts_ms, interval_s, nvml_available, gpus, gpus_lost) VALUES (1699999940000, 1.0, 1, 1, 0)")
+    conn.execute("INSERT INTO gpu_ticks (ts_ms, gpu, lost, power_w, temperature_c) VALUES (1699999940000, 0, 0, 512.0, 61.0)")
+    conn.close()
+
+
+def test_a_version_2_database_opens_keeps_its_rows_and_gains_the_new_columns(tmp_path):
+    from nvmon.store.schema import SCHEMA_VERSION
+    from nvmon.store.store import Store
+
+    path = tmp_path / "old.db"
+    _v2_database(path)
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION == 3
+        old = store.query("SELECT * FROM gpu_ticks WHERE ts_ms = 1699999940000")
+        assert old[0]["power_w"] == 512.0 and old[0]["temperature_c"] == 61.0
+        assert old[0]["sm_clock_hz"] is None and old[0]["memory_temperature_c"] is None
+        g = healthy_sample().gpus[0]
+        from dataclasses import replace
+
+        s = replace(healthy_sample(), ts=1_700_000_000.0,
+                    gpus=(replace(g, sm_clock_hz=1_980_000_000, memory_temperature_c=66.0),))
+        store.write(s)
+        new = store.query("SELECT sm_clock_hz, memory_temperature_c FROM gpu_ticks WHERE ts_ms = ?",
+                          (1_700_000_000_000,))
+        assert new == [{"sm_clock_hz": 1_980_000_000, "memory_temperature_c": 66.0}]
+        store.maintain(1_700_000_000.0 + 120)
+        minute = store.query("SELECT sm_clock_hz_max, memory_temperature_c_avg FROM gpu_minutes "
+                             "WHERE ts_ms = ?", (1_700_000_000_000 // 60000 * 60000,))
+        assert minute == [{"sm_clock_hz_max": 1_980_000_000, "memory_temperature_c_avg": 66.0}]
+
+
+def test_a_metric_added_to_the_catalog_gets_its_column_when_the_database_opens(tmp_path, monkeypatch):
+    from nvmon.store import schema
+    from nvmon.store.store import Store
+
+    path = tmp_path / "n.db"
+    with Store(path):
+        pass
+    extra = catalog.Metric("demo_c", "°C", catalog.Kind.GAUGE, Scope.GPU, "only in this test", "temperature_c",
+                           "demo_c", rollup=Rollup.MIN_MAX)
+    monkeypatch.setattr(schema, "METRICS", METRICS + (extra,))
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert schema.migrate(conn) == schema.SCHEMA_VERSION
+    assert "demo_c" in {r[1] for r in conn.execute("PRAGMA table_info(gpu_ticks)")}
+    assert {"demo_c_min", "demo_c_max"} <= {r[1] for r in conn.execute("PRAGMA table_info(gpu_minutes)")}
+    conn.close()

@@ -9,6 +9,7 @@ from nvmon.catalog.metrics import (
     GPU_FACTS,
     GPU_TICK_SCALARS,
     GPU_WIRE,
+    GPU_WIRE_FACTS,
     METRICS,
     Encode,
     Kind,
@@ -20,6 +21,7 @@ from nvmon.catalog.metrics import (
 )
 
 __all__ = [
-    "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_TICK_SCALARS", "GPU_WIRE", "METRICS",
+    "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_TICK_SCALARS", "GPU_WIRE", "GPU_WIRE_FACTS",
+    "METRICS",
     "SCOPE_LABELS", "Encode", "Family", "Kind", "Metric", "Rollup", "Scope", "Static", "of_scope",
 ]

@@ -93,6 +93,23 @@ DCGM = (
     _m("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "GPU", "Total number of NVLink recovery errors."),
 )
 
+# Clocks, framebuffer and memory temperature: dcgm-exporter's default counters (MHz, MiB, C).
+DCGM_CLOCKS = (
+    _m("DCGM_FI_DEV_SM_CLOCK", "gauge", "GPU", "SM clock frequency (in MHz).", metric="sm_clock_hz", divisor=1e6),
+    _m("DCGM_FI_DEV_MEM_CLOCK", "gauge", "GPU", "Memory clock frequency (in MHz).", metric="mem_clock_hz",
+       divisor=1e6),
+    _m("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "GPU", "Memory temperature (in C).", metric="memory_temperature_c"),
+    _m("DCGM_FI_DEV_FB_FREE", "gauge", "GPU", "Framebuffer memory free (in MiB).", metric="fb_free_bytes",
+       divisor=2**20),
+    _m("DCGM_FI_DEV_FB_USED", "gauge", "GPU", "Framebuffer memory used (in MiB).", metric="fb_used_bytes",
+       divisor=2**20),
+    _m("nvmon_gpu_sm_clock_max_hertz", "gauge", "GPU", "Highest SM clock of the GPU (nvmlDeviceGetMaxClockInfo).",
+       metric="sm_clock_max_hz"),
+    _m("nvmon_gpu_mem_clock_max_hertz", "gauge", "GPU", "Highest memory clock of the GPU.", metric="mem_clock_max_hz"),
+    _m("nvmon_gpu_fb_total_bytes", "gauge", "GPU", "Framebuffer memory size (nvmlDeviceGetMemoryInfo total).",
+       metric="fb_total_bytes"),
+)
+
 NVMON = (
     # node
     _m("nvmon_node_info", "gauge", "NODE", "Always 1; the node's nvmon version, cluster, rack and driver as labels.",
@@ -180,5 +197,5 @@ NVMON = (
        "CPU time spent rendering and compressing this page (the exporter's cost to the daemon)."),
 )
 
-FAMILIES: tuple[Family, ...] = DCGM + NVMON
+FAMILIES: tuple[Family, ...] = DCGM + DCGM_CLOCKS + NVMON
 BY_FAMILY: dict[str, Family] = {f.name: f for f in FAMILIES}

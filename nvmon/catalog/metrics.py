@@ -173,6 +173,28 @@ METRICS: tuple[Metric, ...] = (
            "pcie_rx_bytes_per_s", encode=E.RATE, rollup=R.MIN_AVG_MAX, label="pcie rx", wire="pr"),
     Metric("pcie_replay_delta", "count", Kind.COUNTER, G, "PCIe replays in the interval",
            "pcie.replay_errors_delta", "pcie_replay_delta", "INTEGER", E.INTEGER, R.SUM, label="replays"),
+    # Clocks and framebuffer memory: nvmlDeviceGetClockInfo / GetMaxClockInfo (MHz, stored in Hz),
+    # nvmlDeviceGetMemoryInfo (bytes), NVML_FI_DEV_MEMORY_TEMP (°C, in the field-value batch).
+    Metric("sm_clock_hz", "Hz", Kind.GAUGE, G, "SM clock", "sm_clock_hz", "sm_clock_hz", "INTEGER", E.INTEGER,
+           R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sc"),
+    Metric("mem_clock_hz", "Hz", Kind.GAUGE, G, "memory clock", "mem_clock_hz", "mem_clock_hz", "INTEGER",
+           E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz", wire="mc"),
+    Metric("fb_used_bytes", "B", Kind.GAUGE, G, "framebuffer memory in use (beside the driver's reservation)",
+           "fb_used_bytes", "fb_used_bytes", "INTEGER", E.INTEGER, R.MIN_AVG_MAX, label="fb used", fmt="mib",
+           wire="fu"),
+    Metric("fb_free_bytes", "B", Kind.GAUGE, G, "framebuffer memory free", "fb_free_bytes", "fb_free_bytes",
+           "INTEGER", E.INTEGER, R.MIN_MAX, label="fb free", fmt="mib", wire="ff"),
+    Metric("memory_temperature_c", "°C", Kind.GAUGE, G, "memory (HBM) temperature", "memory_temperature_c",
+           "memory_temperature_c", rollup=R.MIN_AVG_MAX, label="mem temp", fmt="c", wire="mt", wire_digits=0),
+    Metric("sm_clock_max_hz", "Hz", Kind.GAUGE, G, "highest SM clock the GPU runs at", "sm_clock_max_hz",
+           "sm_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="sm max",
+           fmt="mhz", wire="sm_clock_max_hz"),
+    Metric("mem_clock_max_hz", "Hz", Kind.GAUGE, G, "highest memory clock", "mem_clock_max_hz",
+           "mem_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="mem max",
+           fmt="mhz", wire="mem_clock_max_hz"),
+    Metric("fb_total_bytes", "B", Kind.GAUGE, G, "framebuffer memory size", "fb_total_bytes", "fb_total_bytes",
+           "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="fb total", fmt="mib",
+           wire="fb_total_bytes"),
     Metric("pcie_replay_errors", "count", Kind.COUNTER, G, "PCIe replays since driver load",
            "pcie.replay_errors", history=False),
     # Static facts: the store keeps them in `inventory` (a row when they change), not per tick.
@@ -251,5 +273,7 @@ GPU_TICK_SCALARS: tuple[Metric, ...] = tuple(
     m for m in of_scope(G) if m.path is not None and m.column is not None and m.static is Static.TICK)
 # GPU metrics kept as facts (inventory), not per tick.
 GPU_FACTS: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.path is not None and m.static is Static.FACT)
-# Per-GPU arrays of the wire `sample` payload filled from a metric's path.
+# Per-GPU arrays of the wire `sample` payload filled from a metric's path, and the per-GPU keys of
+# the wire `inventory` filled from the static ones.
 GPU_WIRE: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.wire and m.path and m.static is Static.TICK)
+GPU_WIRE_FACTS: tuple[Metric, ...] = tuple(m for m in GPU_FACTS if m.wire)

@@ -21,6 +21,7 @@ from nvmon.sim.board import NVLINK_ERR_KEYS, SimBoard
 from nvmon.sim.profiles import BoardProfile
 
 # Field ids nvmon's collector asks for (pynvml names; see nvmon/collect/nvml_fields.py).
+FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY = 83
 FI_LINK_COUNT = 91
 FI_PCIE_REPLAY = 94
@@ -45,9 +46,9 @@ _ERROR_FIELDS = {FI_ERROR_DL_REPLAY: "replay", FI_ERROR_DL_RECOVERY: "recovery",
 _PER_LINK = {FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX, FI_GET_SPEED, FI_GET_STATE, FI_GET_VERSION, *_ERROR_FIELDS}
 
 # Slots of a call's return codes: fixed ones, then those a `notsup` fault decides.
-_R_OK, _R_NOTSUP, _R_INVALID, _R_ENERGY, _R_PCIE, _R_STATE = range(6)
+_R_OK, _R_NOTSUP, _R_INVALID, _R_ENERGY, _R_PCIE, _R_STATE, _R_MEMORY_TEMP = range(7)
 # Slots of a call's values: the GPU's, then from _V_LINKS on a column per `_LINK` value (link 0 first).
-_V_ZERO, _V_LINK_COUNT, _V_VERSION, _V_REPLAY, _V_ENERGY, _V_PCIE_TX, _V_PCIE_RX, _V_LINKS = range(8)
+_V_ZERO, _V_LINK_COUNT, _V_VERSION, _V_REPLAY, _V_ENERGY, _V_PCIE_TX, _V_PCIE_RX, _V_MEMORY_TEMP, _V_LINKS = range(9)
 _LINK = ("tx", "rx", *NVLINK_ERR_KEYS, "state", "speed")
 
 
@@ -64,6 +65,8 @@ def _rule(p: BoardProfile, fid: int, scope: int) -> tuple[int, int, int]:
         return VT_ULL, _R_ENERGY, _V_ENERGY
     if fid == FI_LINK_COUNT:
         return VT_UINT, _R_OK, _V_LINK_COUNT
+    if fid == FI_MEMORY_TEMP:  # °C, an unsigned int (as nvidia-smi's "Memory Current Temp")
+        return VT_UINT, _R_MEMORY_TEMP, _V_MEMORY_TEMP
     if fid == FI_PCIE_REPLAY:
         return VT_UINT, _R_OK, _V_REPLAY
     if fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
@@ -99,7 +102,7 @@ class _Plan:
     """One request layout, resolved: which values a call must compute, and where each entry's
     return code and value come from."""
 
-    __slots__ = ("n", "static", "rets", "vals", "energy", "pcie", "links", "state")
+    __slots__ = ("n", "static", "rets", "vals", "energy", "pcie", "links", "state", "memory_temp")
 
     def __init__(self, p: BoardProfile, ids: list[tuple[int, int]]):
         rules = [_rule(p, fid, scope) for fid, scope in ids]
@@ -111,6 +114,7 @@ class _Plan:
         self.energy = any(r == _R_ENERGY for _, r, _ in rules)
         self.pcie = any(r == _R_PCIE for _, r, _ in rules)
         self.state = any(r == _R_STATE for _, r, _ in rules)
+        self.memory_temp = any(r == _R_MEMORY_TEMP for _, r, _ in rules)
         self.links = any(v >= _V_LINKS for _, _, v in rules)
 
 
@@ -145,8 +149,11 @@ class FieldValues:
             plan = self._plans[key] = _Plan(self.board.profile, ids)
         b = self.board
         rets = [NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS, NVML_SUCCESS,
-                NVML_SUCCESS]
-        vals = [0, self._link_count, self._version, b.gpus[g].replay_base & _MASK[VT_UINT], 0, 0, 0]
+                NVML_SUCCESS, NVML_SUCCESS]
+        vals = [0, self._link_count, self._version, b.gpus[g].replay_base & _MASK[VT_UINT], 0, 0, 0, 0]
+        if plan.memory_temp:
+            rets[_R_MEMORY_TEMP] = NVML_ERROR_NOT_SUPPORTED if b.notsup("memory_temperature", g, t) else NVML_SUCCESS
+            vals[_V_MEMORY_TEMP] = b.memory_temperature_c(g, t)
         if plan.energy:  # the value is written even when the query answers NOT_SUPPORTED
             rets[_R_ENERGY] = NVML_ERROR_NOT_SUPPORTED if b.notsup("energy", g, t) else NVML_SUCCESS
             vals[_V_ENERGY] = b.energy_mj(g, t)

@@ -37,6 +37,9 @@ ERROR_GPU_IS_LOST = 15
 EVENT_XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId when an event is not per instance
 
+_CLOCKS = {0: "sm", 1: "sm", 2: "mem"}  # nvmlClockType_t: GRAPHICS, SM, MEM (VIDEO is not modelled)
+_MEMORY_V2 = 0x02000028  # nvmlMemory_v2: sizeof(c_nvmlMemory_v2_t) | 2 << 24
+FB_RESERVED_MIB = 531  # what the driver keeps for itself ("Reserved" in nvidia-smi -q)
 _HANDLE_BASE = 0x5100_0000
 _EVENT_SET_BASE = 0x5200_0000
 _module_ids = itertools.count()
@@ -235,6 +238,41 @@ class FakeNvmlLib:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle, ptr) -> int:
         return self._uint_getter(handle, ptr, lambda g: self.board.clocks_event_reasons(g, self._t()), "throttle")
+
+    # -- clocks and memory ----------------------------------------------------------------------------
+
+    def _clock(self, handle, clock_type, ptr, now: bool) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        kind = _CLOCKS.get(_val(clock_type))  # graphics and SM share one clock on these GPUs
+        if kind is None or self.board.notsup("clocks", g, self._t()):
+            return ERROR_NOT_SUPPORTED
+        p = self.board.profile
+        _out(ptr).value = self.board.clock_mhz(g, kind, self._t()) if now else \
+            (p.sm_clock_max_mhz if kind == "sm" else p.mem_clock_max_mhz)
+        return SUCCESS
+
+    def nvmlDeviceGetClockInfo(self, handle, clock_type, ptr) -> int:
+        return self._clock(handle, clock_type, ptr, True)
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock_type, ptr) -> int:
+        return self._clock(handle, clock_type, ptr, False)
+
+    def nvmlDeviceGetMemoryInfo_v2(self, handle, ptr) -> int:
+        rc, g = self._check(handle)
+        if rc:
+            return rc
+        m = _out(ptr)  # c_nvmlMemory_v2_t: version, then total, reserved, free, used in bytes
+        if m.version != _MEMORY_V2:
+            return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        if self.board.notsup("memory", g, self._t()):
+            return ERROR_NOT_SUPPORTED
+        m.total = self.board.profile.fb_total_mib * 2**20
+        m.reserved = FB_RESERVED_MIB * 2**20
+        m.used = self.board.fb_used_mib(g, self._t()) * 2**20
+        m.free = m.total - m.reserved - m.used
+        return SUCCESS
 
     # -- PCIe ---------------------------------------------------------------------------------------
 

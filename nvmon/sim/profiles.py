@@ -39,6 +39,11 @@ class BoardProfile:
     ib_rate_gbps: int
     driver: str = "550.54.15"
     nvml_version: str = "12.550.54.15"
+    # nvmlDeviceGetMaxClockInfo (MHz) and nvmlDeviceGetMemoryInfo().total (MiB), as nvidia-smi -q
+    # shows them for the model ("Max Clocks", "FB Memory Usage").
+    sm_clock_max_mhz: int = 1980
+    mem_clock_max_mhz: int = 2619
+    fb_total_mib: int = 81559
 
     def gpu_bus_id(self, i: int) -> str:
         """NVML form: 8-hex-digit domain, upper case."""
@@ -63,12 +68,14 @@ PROFILES: dict[str, BoardProfile] = {
            gpu_name="NVIDIA A100-SXM4-80GB", pci_device_id=0x20B210DE, gpus=8, link_slots=12, links_used=12,
            nvlink_gen=3, link_mbps=25000, fabric="nvswitch", switches=6, switch_sentinel=False,
            power_limit_w=400, power_min_w=100, power_max_w=400, pcie_gen=4, gpu_pcie_gen=4, pcie_width=16,
-           ib_ports=8, ib_rate_gbps=200),
+           ib_ports=8, ib_rate_gbps=200,
+           sm_clock_max_mhz=1410, mem_clock_max_mhz=1593, fb_total_mib=81920),
         _p(key="hgx-a800", description="HGX A800 80GB: 8 SXM4 GPUs, NV8 all-to-all (400 GB/s), 4×HDR",
            gpu_name="NVIDIA A800-SXM4-80GB", pci_device_id=0x20F310DE, gpus=8, link_slots=8, links_used=8,
            nvlink_gen=3, link_mbps=25000, fabric="nvswitch", switches=6, switch_sentinel=False,
            power_limit_w=400, power_min_w=100, power_max_w=400, pcie_gen=4, gpu_pcie_gen=4, pcie_width=16,
-           ib_ports=4, ib_rate_gbps=200),
+           ib_ports=4, ib_rate_gbps=200,
+           sm_clock_max_mhz=1410, mem_clock_max_mhz=1593, fb_total_mib=81920),
         _p(key="hgx-h100", description="HGX H100 80GB: 8 SXM5 GPUs, 4 NVSwitches, NV18 all-to-all, 8×NDR",
            gpu_name="NVIDIA H100 80GB HBM3", pci_device_id=0x233010DE, gpus=8, link_slots=18, links_used=18,
            nvlink_gen=4, link_mbps=26562, fabric="nvswitch", switches=4, switch_sentinel=False,
@@ -83,21 +90,25 @@ PROFILES: dict[str, BoardProfile] = {
            gpu_name="NVIDIA H200", pci_device_id=0x233510DE, gpus=8, link_slots=18, links_used=18,
            nvlink_gen=4, link_mbps=26562, fabric="nvswitch", switches=4, switch_sentinel=False,
            power_limit_w=700, power_min_w=200, power_max_w=700, pcie_gen=5, gpu_pcie_gen=5, pcie_width=16,
-           ib_ports=8, ib_rate_gbps=400),
+           ib_ports=8, ib_rate_gbps=400,
+           sm_clock_max_mhz=1980, mem_clock_max_mhz=3201, fb_total_mib=143771),
         _p(key="hgx-b200", description="HGX B200: 8 GPUs, 2 NVLink switch chips, NV18 (NVLink5), 8×NDR",
            gpu_name="NVIDIA B200", pci_device_id=0x290110DE, gpus=8, link_slots=18, links_used=18,
            nvlink_gen=5, link_mbps=53125, fabric="nvswitch", switches=2, switch_sentinel=True,
            power_limit_w=1000, power_min_w=400, power_max_w=1200, pcie_gen=5, gpu_pcie_gen=6, pcie_width=16,
-           ib_ports=8, ib_rate_gbps=400, driver="570.124.06", nvml_version="12.570.124.06"),
+           ib_ports=8, ib_rate_gbps=400, driver="570.124.06", nvml_version="12.570.124.06",
+           sm_clock_max_mhz=1965, mem_clock_max_mhz=3996, fb_total_mib=183359),
         _p(key="pairs-a100", description="'fake 8-card NVLink': 8 A100 PCIe cards bridged in 4 pairs (NV12), 2×HDR",
            gpu_name="NVIDIA A100 80GB PCIe", pci_device_id=0x20B510DE, gpus=8, link_slots=12, links_used=12,
            nvlink_gen=3, link_mbps=25000, fabric="pairs", switches=0, switch_sentinel=False,
            power_limit_w=300, power_min_w=150, power_max_w=300, pcie_gen=4, gpu_pcie_gen=4, pcie_width=16,
-           ib_ports=2, ib_rate_gbps=200),
+           ib_ports=2, ib_rate_gbps=200,
+           sm_clock_max_mhz=1410, mem_clock_max_mhz=1512, fb_total_mib=81920),
         _p(key="pcie-l40s", description="PCIe-only box: 8 L40S, no NVLink, 2×HDR",
            gpu_name="NVIDIA L40S", pci_device_id=0x26B910DE, gpus=8, link_slots=0, links_used=0,
            nvlink_gen=None, link_mbps=None, fabric="none", switches=0, switch_sentinel=False,
            power_limit_w=350, power_min_w=100, power_max_w=350, pcie_gen=4, gpu_pcie_gen=4, pcie_width=16,
-           ib_ports=2, ib_rate_gbps=200),
+           ib_ports=2, ib_rate_gbps=200,
+           sm_clock_max_mhz=2520, mem_clock_max_mhz=9001, fb_total_mib=46068),
     )
 }

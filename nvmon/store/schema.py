@@ -2,7 +2,9 @@
 
 Each migration is literal SQL, frozen once released: a migration must mean the same thing on every
 database, whatever the code around it later becomes. To change the schema, append a migration;
-never edit one. `docs/store.md` describes the tables; `tests/test_store.py` checks that every column
+never edit one. The one exception is additive and safe to repeat: the columns of the catalog's
+metrics (`add_catalog_columns`, version 3), added to any database that lacks one when it is opened
+for writing, so adding a metric to `nvmon/catalog/metrics.py` needs no migration of its own. `docs/store.md` describes the tables; `tests/test_store.py` checks that every column
 the metric table names exists here.
 
 Why `WITHOUT ROWID` for the tick and rollup tables: their natural key is `(ts_ms, gpu)`; a rowid
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+
+from nvmon.catalog import METRICS, Scope, Static
 
 # PRAGMA application_id: "nvmn". Lets a reader tell an nvmon database from any other SQLite file.
 APPLICATION_ID = 0x6E766D6E
@@ -242,7 +246,42 @@ CREATE TABLE silences (
 ) STRICT;
 """
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None] | str] = [_V1, _V2]
+
+# Raw and rollup table of each scope whose metrics the catalog declares per tick.
+_TABLES = {Scope.GPU: ("gpu_ticks", "gpu_minutes"), Scope.IB_PORT: ("ib_ticks", "ib_minutes"),
+           Scope.NODE: ("ticks", "node_minutes")}
+
+
+def catalog_columns() -> dict[str, list[tuple[str, str]]]:
+    """Every (column, type) the catalog's per-tick metrics need, by table: raw column and rollups."""
+    out: dict[str, list[tuple[str, str]]] = {t: [] for pair in _TABLES.values() for t in pair}
+    for m in METRICS:
+        if m.column is None or m.static is not Static.TICK or m.scope not in _TABLES:
+            continue
+        raw, minutes = _TABLES[m.scope]
+        sql_type = m.sql_type.split()[0]  # an added column cannot be NOT NULL without a default
+        out[raw].append((m.column, sql_type))
+        out[minutes] += [(col, sql_type) for col, _ in m.rollup_sql()]
+    return out
+
+
+def add_catalog_columns(conn: sqlite3.Connection) -> list[str]:
+    """Add the columns of catalog metrics a database does not have yet (NULL in its older rows):
+    a metric added to the catalog needs no hand-written migration. Returns what was added."""
+    added = []
+    for table, cols in catalog_columns().items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        for col, sql_type in cols:
+            if col not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} {sql_type}")
+                have.add(col)
+                added.append(f"{table}.{col}")
+    return added
+
+
+# Version 3: the first metrics added through the catalog (clocks, framebuffer, memory temperature),
+# and from then on every column the catalog declares (`migrate` adds new ones on every open).
+MIGRATIONS: list[Callable[[sqlite3.Connection], None] | str] = [_V1, _V2, add_catalog_columns]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -290,7 +329,25 @@ def migrate(conn: sqlite3.Connection) -> int:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+    if version == SCHEMA_VERSION and _missing_columns(conn):
+        # Metrics added to the catalog since this database was last migrated: their columns.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            add_catalog_columns(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
     return SCHEMA_VERSION
+
+
+def _missing_columns(conn: sqlite3.Connection) -> bool:
+    for table, cols in catalog_columns().items():
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if any(col not in have for col, _ in cols):
+            return True
+    return False
 
 
 def _statements(script: str) -> list[str]:
