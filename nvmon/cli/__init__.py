@@ -5,6 +5,7 @@
     node.py     sample, audit, daemon, profiles: the commands run on a node
     alerts.py   alerts (list, ack, silence, silences, unsilence)     hooks.py    hooks test
     history.py  history          tui.py      tui          demo.py     demo
+    fleet.py    fleet (the evaluator in nvmon.fleet.service, as a command)
     simfleet.py sim-fleet (the load generator, nvmon.loadgen, as a command)
 
 Nothing below this package imports it (tests/test_layers.py); it may import any layer.

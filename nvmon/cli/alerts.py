@@ -27,7 +27,8 @@ from pathlib import Path
 import click
 
 from nvmon.alerts.model import MATCH_FIELDS, AlertRecord, Silence, iso
-from nvmon.cli.common import DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError
+from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError, load_fleet_config,
+                              mqtt_settings)
 from nvmon.store.errors import StoreError, describe
 
 RECENT_S = 86400.0  # resolved alerts shown without --all
@@ -119,30 +120,16 @@ class _Share:
 
     def __init__(self, broker: str | None, config_path: Path | None, cluster: str | None):
         from nvmon.wire.contract import valid_name
-        from nvmon.wire.mqtt import MqttSettings
 
         m, cfg_cluster = None, None
         if config_path is not None:
-            from nvmon.fleet.service import load_fleet_config
-
-            cfg = load_fleet_config(config_path)  # a one-line error of its own on a bad file
+            cfg = load_fleet_config(config_path)
             m, cfg_cluster = cfg.mqtt, cfg.node.get("cluster") or cfg.fleet.cluster
         if cluster is not None and not valid_name(cluster):
             raise NvmonError(f"--cluster {cluster[:80]!r}: {NAME_HINT}")
         self.cluster = cluster or (cfg_cluster if valid_name(cfg_cluster) else None)
         url = broker or (m.broker if m is not None else None)
-        self.settings = None
-        if url:
-            def s(p):
-                return None if p is None else str(p)
-
-            try:
-                self.settings = MqttSettings(url=url, username=m.username if m else None,
-                                             password_file=s(m.password_file) if m else None,
-                                             ca_file=s(m.ca_file) if m else None, cert_file=s(m.cert_file) if m else None,
-                                             key_file=s(m.key_file) if m else None)
-            except ValueError as e:
-                raise NvmonError(str(e)) from None
+        self.settings = mqtt_settings(url, m) if url else None  # the table's keepalive_s is for daemons
 
     def local(self, db_path: str) -> bool:
         """Write the local database? Always without a broker (a missing one is an error then)."""

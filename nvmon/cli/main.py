@@ -24,15 +24,15 @@ def cli() -> None:
 
 
 def _register_subcommands() -> None:
-    """One module per command or group in this package (`nvmon fleet` still lives with its service)."""
+    """One module per command or group in this package."""
     from nvmon.cli.alerts import alerts_command
     from nvmon.cli.demo import demo_command
+    from nvmon.cli.fleet import fleet_command
     from nvmon.cli.history import history_command
     from nvmon.cli.hooks import hooks_group
     from nvmon.cli.node import audit, daemon, profiles, sample
     from nvmon.cli.simfleet import sim_fleet_command
     from nvmon.cli.tui import tui_command
-    from nvmon.fleet.service import fleet_command
 
     for command in (sample, audit, daemon, profiles, alerts_command, demo_command, history_command, hooks_group,
                     fleet_command, sim_fleet_command, tui_command):

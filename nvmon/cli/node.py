@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import NAME_HINT, NAME_RE, NvmonError, check_interval
+from nvmon.cli.common import NAME_HINT, NAME_RE, NvmonError, check_interval, setup_logging
 
 
 class AuditError(NvmonError):
@@ -165,7 +165,6 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
     Stop with SIGTERM or Ctrl-C: status goes `offline`, queued ticks are flushed, exit 0.
     """
     import asyncio
-    import logging
 
     from nvmon.daemon.config import ConfigError, load_config
 
@@ -182,11 +181,7 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
             parse_scenario(cfg.sampling.sim)
         except SimSpecError as e:
             raise NvmonError(str(e)) from None
-    journald = bool(os.environ.get("JOURNAL_STREAM"))
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(name)s: %(levelname)s: %(message)s" if journald else "%(asctime)s %(name)s %(levelname)s: %(message)s",
-    )
+    setup_logging(log_level)
     from nvmon.daemon.main import Daemon
 
     try:

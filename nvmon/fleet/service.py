@@ -1,4 +1,5 @@
-"""`nvmon fleet`: the headless fleet evaluator (systemd/nvmon-fleet.service).
+"""`nvmon fleet`: the headless fleet evaluator (systemd/nvmon-fleet.service): its config and its run
+loop. The command itself (options, logging, exit status) is nvmon/cli/fleet.py.
 
     nvmon fleet --broker mqtt://broker:1883 [--cluster prod] [--config /etc/nvmon/fleet.toml] [--db PATH]
 
@@ -21,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,22 +37,17 @@ from nvmon.fleet.rules import FleetSettings
 from nvmon.tomlfile import TomlFileError, read_toml
 from nvmon.tomlfile import validation_line as _one_line
 from nvmon.wire.config import MqttSection
-from nvmon.wire.contract import valid_name
 
 log = logging.getLogger("nvmon.fleet")
 
 DEFAULT_CONFIG = Path("/etc/nvmon/fleet.toml")
-DEFAULT_BROKER = "mqtt://localhost:1883"
 NODE_TABLES = ("node", "sampling", "store", "expect", "prometheus")  # a node's config: accepted, unused
 POLL_S = 0.1  # how often a status change is looked for (a will pages this fast after it arrives)
 MIN_SETTLE_S = 2.0
 
 
-class FleetError(click.ClickException):
-    """A one-line error, `nvmon: <message>`, exit status 1, no traceback."""
-
-    def show(self, file=None) -> None:
-        click.echo(f"nvmon: {self.format_message()}", err=True)
+class FleetConfigError(Exception):
+    """A config file that cannot be used; the message is one line naming the file (and key)."""
 
 
 class _Strict(BaseModel):
@@ -83,7 +77,7 @@ class FleetConfig(_Strict):
 
 
 def load_fleet_config(path: Path | None) -> FleetConfig:
-    """Read and validate; None: DEFAULT_CONFIG if it exists, else defaults. FleetError (one line)."""
+    """Read and validate; None: DEFAULT_CONFIG if it exists, else defaults. FleetConfigError (one line)."""
     if path is None and DEFAULT_CONFIG.exists():
         path = DEFAULT_CONFIG
     if path is None:
@@ -91,61 +85,11 @@ def load_fleet_config(path: Path | None) -> FleetConfig:
     try:
         data = read_toml(path)
     except TomlFileError as e:
-        raise FleetError(str(e)) from None
+        raise FleetConfigError(str(e)) from None
     try:
         return FleetConfig.model_validate(data)
     except ValidationError as e:
-        raise FleetError(_one_line(str(path), e)) from None
-
-
-def _cluster(ctx, param, value: str | None) -> str | None:
-    if value is not None and not valid_name(value):
-        raise click.BadParameter("use 1-64 characters from A-Z a-z 0-9 . _ -")
-    return value
-
-
-@click.command("fleet")
-@click.option("--broker", default=None, metavar="URL",
-              help=f"mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (default: [mqtt] broker, else {DEFAULT_BROKER}).")
-@click.option("--cluster", default=None, callback=_cluster, help="Watch this cluster only (default: every cluster).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="PATH", help=f"TOML config: [fleet], [mqtt], [[hooks]] (default {DEFAULT_CONFIG} if present).")
-@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
-              help="SQLite file for fleet alert state (default: [fleet] db, /var/lib/nvmon/fleet.db).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
-def fleet_command(broker: str | None, cluster: str | None, config_path: Path | None, db_path: Path | None,
-                  log_level: str) -> None:
-    """Evaluate fleet rules and run the on-call hooks: node offline (MQTT will) or stale, rack
-    power over budget, many nodes with the same fault (docs/alerts.md, "Fleet rules").
-
-    \b
-    Under systemd: systemd/nvmon-fleet.service.   For a look: nvmon sim-fleet in another shell, then
-    nvmon fleet --broker mqtt://localhost:1883 --cluster sim --db /tmp/fleet.db
-    Stop with SIGTERM or Ctrl-C: alert state is saved, exit 0.
-    """
-    from nvmon.wire.mqtt import MqttSettings
-
-    cfg = load_fleet_config(config_path)
-    m = cfg.mqtt
-    url = broker or m.broker or DEFAULT_BROKER
-    try:
-        settings = MqttSettings(url=url, username=m.username, password_file=_str(m.password_file),
-                                ca_file=_str(m.ca_file), cert_file=_str(m.cert_file), key_file=_str(m.key_file),
-                                keepalive_s=m.keepalive_s)
-    except ValueError as e:
-        raise FleetError(str(e)) from None
-    journald = bool(os.environ.get("JOURNAL_STREAM"))
-    logging.basicConfig(
-        level=log_level.upper(),
-        format=("%(name)s: %(levelname)s: %(message)s" if journald
-                else "%(asctime)s %(name)s %(levelname)s: %(message)s"))
-    sys.exit(asyncio.run(run_fleet(cfg, settings, cluster=cluster or cfg.fleet.cluster,
-                                   db=db_path or cfg.fleet.db)))
-
-
-def _str(p: Path | None) -> str | None:
-    return None if p is None else str(p)
+        raise FleetConfigError(_one_line(str(path), e)) from None
 
 
 async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path, clock=time.time) -> int:
