@@ -4,6 +4,7 @@ the InfiniBand reader's caches (port list, parsed texts) and a failed field-valu
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 
 import pynvml
@@ -15,19 +16,22 @@ from nvmon.collect.sysfs import IbCollector
 from nvmon.sim import sysfs_tree as st
 from nvmon.sim.node import SimNode
 
-# (valueType, union member, value): every type nvml.h defines
-TYPED = [(0, "dVal", 1.5), (1, "uiVal", 7), (2, "ulVal", 2**40), (3, "ullVal", 2**40 + 1),
-         (4, "sllVal", -5), (5, "siVal", -3), (6, "usVal", 65535)]
+# (valueType, union member's C type, value): every type nvml.h defines
+TYPED = [(0, ctypes.c_double, 1.5), (1, ctypes.c_uint32, 7), (2, ctypes.c_uint64, 2**40),
+         (3, ctypes.c_uint64, 2**40 + 1), (4, ctypes.c_int64, -5), (5, ctypes.c_int32, -3),
+         (6, ctypes.c_uint16, 65535)]
 
 
 def _array(garbage_high_bytes: bool):
     arr = (pynvml.c_nvmlFieldValue_t * (len(TYPED) + 1))()
-    for i, (vt, member, value) in enumerate(TYPED):
+    for i, (vt, ctype, value) in enumerate(TYPED):
         arr[i].fieldId, arr[i].scopeId, arr[i].timestamp = 100 + i, i, 1_000_000 + i
         if garbage_high_bytes:  # a C library may leave the union's unused bytes as they were
             arr[i].value.ullVal = 0xDEADBEEF_DEADBEEF
         arr[i].valueType = vt
-        setattr(arr[i].value, member, value)
+        # Written through the union's memory, as the C library writes it (older pynvml unions lack
+        # some members, e.g. usVal)
+        ctype.from_buffer(arr[i].value).value = value
     arr[-1].valueType, arr[-1].nvmlReturn, arr[-1].value.ullVal = 3, pynvml.NVML_ERROR_NOT_SUPPORTED, 99
     return arr
 

@@ -1,9 +1,13 @@
 """The simulator must be faithful to the installed nvidia-ml-py: same symbols, same call shapes,
-same exception classes. A collector that only works against the simulator is broken."""
+same exception classes. A collector that only works against the simulator is broken.
+
+Runs against the newest nvidia-ml-py and the oldest pyproject.toml accepts (.ci/run): a name newer
+than the installed release (`nvml_fields.ADDED`) is checked to be absent, and not exercised."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import inspect
 from pathlib import Path
 
@@ -11,15 +15,24 @@ import pynvml
 import pytest
 
 import nvmon.collect.nvml as collector_module
+import nvmon.collect.nvml_api as api_module
+import nvmon.collect.nvml_batch as batch_module
 import nvmon.collect.nvml_events as events_module
 from nvmon.collect import nvml_fields
 from nvmon.collect.nvml import NvmlCollector
+from nvmon.collect.nvml_api import Api
 from nvmon.sim.board import SimBoard
 from nvmon.sim.fakenvml import FakeNvmlLib, load_sim_pynvml
 from nvmon.sim.scenario import parse_scenario
 
 PYNVML_SRC = Path(pynvml.__file__).read_text()
 PYNVML_AST = ast.parse(PYNVML_SRC)
+INSTALLED = tuple(int(x) for x in importlib.metadata.version("nvidia-ml-py").split(".")[:2])
+
+
+def _newer_than_installed(name: str) -> bool:
+    since = nvml_fields.ADDED.get(name)
+    return since is not None and INSTALLED < since
 
 
 def _c_calls() -> dict[str, set[int]]:
@@ -28,17 +41,20 @@ def _c_calls() -> dict[str, set[int]]:
     for fn in ast.walk(PYNVML_AST):
         if not isinstance(fn, ast.FunctionDef):
             continue
-        bound: dict[str, str] = {}
+        # A name may be bound to one symbol or another (`if not version: fn = ...("nvmlDeviceGetMemoryInfo")
+        # else: fn = ...("..._v2")`): each call of it counts for every symbol it may hold.
+        bound: dict[str, set[str]] = {}
         for node in ast.walk(fn):
             if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                     and getattr(node.value.func, "id", None) == "_nvmlGetFunctionPointer"
                     and node.value.args and isinstance(node.value.args[0], ast.Constant)):
                 for target in node.targets:
                     if isinstance(target, ast.Name):
-                        bound[target.id] = node.value.args[0].value
+                        bound.setdefault(target.id, set()).add(node.value.args[0].value)
         for node in ast.walk(fn):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in bound:
-                out.setdefault(bound[node.func.id], set()).add(len(node.args))
+                for symbol in bound[node.func.id]:
+                    out.setdefault(symbol, set()).add(len(node.args))
     return out
 
 
@@ -47,20 +63,24 @@ FAKE_SYMBOLS = sorted(n for n, v in vars(FakeNvmlLib).items() if n.startswith("n
 
 
 def test_found_the_wrappers():
-    assert len(C_CALLS) > 300  # sanity: the AST scan really read pynvml's wrappers
+    assert len(C_CALLS) > 250  # sanity: the AST scan really read pynvml's wrappers (282 in 11.525)
     assert C_CALLS["nvmlDeviceGetFieldValues"] == {3}
 
 
 @pytest.mark.parametrize("symbol", FAKE_SYMBOLS)
 def test_fake_symbol_exists_in_pynvml_with_same_arity(symbol):
+    if _newer_than_installed(symbol):  # only newer bindings call it: nothing to compare with here
+        assert symbol not in C_CALLS, f"{symbol}: nvml_fields.ADDED says it is newer than {INSTALLED}"
+        pytest.skip(f"{symbol} is newer than nvidia-ml-py {INSTALLED}")
     assert symbol in C_CALLS, f"{symbol} is not a C symbol the installed pynvml calls"
     params = list(inspect.signature(getattr(FakeNvmlLib, symbol)).parameters)[1:]  # drop self
     assert C_CALLS[symbol] == {len(params)}, f"{symbol}: pynvml passes {C_CALLS[symbol]} args, fake takes {len(params)}"
 
 
 def _names_used_by_collector() -> set[str]:
+    """The names the collect modules look up in pynvml directly (not through `Api`)."""
     names = set()
-    for module in (collector_module, events_module):
+    for module in (collector_module, events_module, api_module, batch_module):
         names |= _module_names(module)
     return names
 
@@ -69,42 +89,58 @@ def _module_names(module) -> set[str]:
     tree = ast.parse(Path(module.__file__).read_text())
     names = set()
     for node in ast.walk(tree):
-        # `nv.<name>` or `self.nvml.<name>`: the pynvml module the collector was given
+        # `nv.<name>`, `self.nvml.<name>` or `self.api.nv.<name>`: the pynvml module it was given
         base = node.value if isinstance(node, ast.Attribute) else None
         is_module = (isinstance(base, ast.Name) and base.id == "nv") or (
-            isinstance(base, ast.Attribute) and base.attr == "nvml")
+            isinstance(base, ast.Attribute) and base.attr in ("nvml", "nv"))
         if is_module and node.attr.startswith(("nvml", "NVML")):
             names.add(node.attr)
     return names
 
 
-def test_every_pynvml_name_the_collector_uses_exists():
+def test_every_pynvml_name_the_collector_looks_up_directly_exists():
+    """Direct lookups (error classes, return codes, enums) are for names every accepted release has."""
     used = _names_used_by_collector()
-    assert {"nvmlDeviceGetFieldValues", "nvmlDeviceGetHandleByIndex", "NVMLError_GpuIsLost"} <= used
-    assert {"nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
-            "nvmlEventTypeXidCriticalError", "NVMLError_Timeout"} <= used
+    assert {"NVMLError_GpuIsLost", "NVMLError_NotSupported", "NVML_ERROR_TIMEOUT",
+            "nvmlEventTypeXidCriticalError", "NVML_TEMPERATURE_GPU"} <= used
+    assert not used & set(nvml_fields.ADDED), "a newer name must go through nvml_api.Api"
+    # (nvml_batch calls nvmlDeviceGetFieldValues itself: the batch runs inside the chokepoint's call)
+    outside_batch = set().union(*(_module_names(m) for m in (collector_module, events_module, api_module)))
+    assert not {n for chain in nvml_fields.FUNCTIONS.values() for n in chain} & outside_batch, "call through Api.fn"
     missing = sorted(n for n in used if not hasattr(pynvml, n))
     assert not missing, f"collector uses names the installed pynvml lacks: {missing}"
 
 
-def test_field_ids_named_by_nvmon_exist_in_pynvml():
+def _field_id_names() -> list[str]:
     names = [v for k, v in vars(nvml_fields).items() if k.startswith("FI_") and isinstance(v, str)]
-    names += list(nvml_fields.FI_LINK_CRC_DATA)
-    for name in names:
-        assert isinstance(getattr(pynvml, name), int), name
+    return names + list(nvml_fields.FI_LINK_CRC_DATA)
+
+
+def test_names_resolved_through_the_api_exist_exactly_from_their_release():
+    """Every function and field id nvmon resolves is in the installed bindings, except those
+    `ADDED` after this release — so a typo or a rename fails here, and so does a stale `ADDED`."""
+    for name in [n for chain in nvml_fields.FUNCTIONS.values() for n in chain]:
+        assert callable(getattr(pynvml, name, None)) != _newer_than_installed(name), name
+    for name in _field_id_names():
+        assert isinstance(getattr(pynvml, name, None), int) != _newer_than_installed(name), name
+    api = Api(pynvml)
+    assert all(fn is not None for fn in api.fn.values()), "every purpose has a function in this release"
+    newest = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)
+    assert (api.fn["temperature"] is newest) == (INSTALLED >= (12, 570))
+    if newest is None:  # the fallback: the getter the versioned one deprecates, same arguments
+        assert api.fn["temperature"] is pynvml.nvmlDeviceGetTemperature
 
 
 def test_every_wrapper_the_collector_calls_is_backed_by_the_fake():
-    """A wrapper the collector calls must resolve to a C symbol the fake implements (else the
-    simulator would silently answer FunctionNotFound and the path would go untested)."""
+    """A wrapper the collector calls (the one `Api` picks in the installed bindings) must resolve to
+    a C symbol the fake implements (else the simulator would silently answer FunctionNotFound and
+    the path would go untested)."""
     fake = set(FAKE_SYMBOLS)
-    for name in _names_used_by_collector():
-        obj = getattr(pynvml, name)
-        if not (name.startswith("nvml") and callable(obj)) or name in ("nvmlInit", "nvmlShutdown"):
+    for what, fn in Api(pynvml).fn.items():
+        if what in ("init", "shutdown"):
             continue
-        src = inspect.getsource(obj)
-        syms = set(_symbols_reached(name, src))
-        assert syms & fake, f"{name} reaches {syms}, none implemented by the fake"
+        syms = set(_symbols_reached(fn.__name__, inspect.getsource(fn)))
+        assert syms & fake, f"{what}: {fn.__name__} reaches {syms}, none implemented by the fake"
 
 
 def _symbols_reached(name: str, src: str, depth: int = 0):

@@ -10,9 +10,14 @@ Power is the energy counter's slope over the interval, i.e. the true average.
 Xid critical-error events come from one NVML event set per node (`nvml_events`), drained without
 blocking once a tick: +1 NVML call per node per tick (+1 per event), counted apart in `event_calls`.
 
-Errors: one chokepoint (`_Gpu.call`) turns NVML errors into (a) "unsupported" — recorded once as a
-capability and the query dropped —, (b) `_Lost`, which marks that GPU lost, or (c) a note on the
-GPU for anything else. One GPU's or one field's failure never loses the rest.
+Bindings and errors: every NVML name and call goes through the chokepoint (`nvml_api.Api`), which
+resolves functions by purpose against the installed nvidia-ml-py (falling back to an older name
+where one answers the same question, e.g. `nvmlDeviceGetTemperatureV` → `nvmlDeviceGetTemperature`)
+and types each outcome: a value, `Unsupported`, `Lost` or `Failed`. Per GPU, `_Gpu.call` turns
+them into (a) "unsupported" — recorded once as a capability and the query dropped; a function or
+field id the bindings lack is unsupported from the start and never requested —, (b) `_Lost`, which
+marks that GPU lost, or (c) a note on the GPU for any other error. One GPU's or one field's failure
+never loses the rest.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from operator import itemgetter, sub
 from typing import Any
 
 from nvmon.collect import nvml_fields as F
+from nvmon.collect.nvml_api import Api, Lost, NoValue, Unsupported, bindings_version
 from nvmon.collect.nvml_batch import FieldBatch, Readings
 from nvmon.collect.nvml_events import XidEvents
 from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus, PcieLink
@@ -37,10 +43,7 @@ MAX_ERROR_MAPS = 512  # per GPU, cleared when full: ~150 KB at most, even with e
 
 
 class _Lost(Exception):
-    pass
-
-
-_UNSUPPORTED = object()
+    """Raised out of a GPU's reading when NVML says the GPU is lost."""
 
 
 @dataclass(slots=True)
@@ -55,7 +58,7 @@ class _Link:
 class _Gpu:
     """Per-GPU state: handle, static facts, the last hot values, what is unsupported."""
 
-    nvml: Any
+    api: Api
     index: int
     counter: list[int]  # shared call counter [n]
     handle: Any = None
@@ -90,32 +93,36 @@ class _Gpu:
     lost_ticks: int = 0
 
     def call(self, what: str, fn, *args):
-        """Run one NVML call; see the module docstring for how errors are sorted."""
-        nv = self.nvml
-        self.counter[0] += 1
-        try:
-            value = fn(*args)
-        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
-            self.unsupported.add(what)
-            return _UNSUPPORTED
-        except nv.NVMLError_GpuIsLost:
-            raise _Lost() from None
-        except nv.NVMLError as e:
-            self.notes[what] = f"{what}: {e}"
-            return None
+        """One NVML call through the chokepoint: its value, or a NoValue (Unsupported recorded as a
+        capability, Failed as a note); raises _Lost for a lost GPU. `fn` None: the bindings lack it."""
+        if fn is not None:
+            self.counter[0] += 1
+        value = self.api.call(fn, *args)
+        if isinstance(value, NoValue):
+            if isinstance(value, Unsupported):
+                self.unsupported.add(what)
+            elif isinstance(value, Lost):
+                raise _Lost()
+            else:
+                self.notes[what] = f"{what}: {value}"
+            return value
         self.notes.pop(what, None)
         return value
 
+    def ask(self, what: str, *args):
+        """`call` with the function resolved for `what` (nvml_fields.FUNCTIONS)."""
+        return self.call(what, self.api.fn[what], *args)
+
 
 def _text(v) -> str | None:
-    if v is None or v is _UNSUPPORTED:
+    if v is None or isinstance(v, NoValue):
         return None
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def _num(v, scale: float | None = None) -> float | int | None:
     """A getter's value (scaled when asked), or None for 'unsupported' / 'unreadable'."""
-    if v is None or v is _UNSUPPORTED:
+    if v is None or isinstance(v, NoValue):
         return None
     return v if scale is None else v * scale
 
@@ -125,36 +132,37 @@ class NvmlCollector:
 
     def __init__(self, nvml: types.ModuleType):
         self.nvml = nvml
+        self.api = Api(nvml)
         self.status = NvmlStatus(available=False, error="not opened")
         self.gpus: list[_Gpu] = []
         self.calls = [0]  # NVML calls made, for the cost benchmark
         self.direct_fields: bool | None = None  # None: FieldBatch decides (tests force both paths)
-        self.events = XidEvents(nvml)
+        self.events = XidEvents(self.api)
         self.event_calls = self.events.calls  # per-node NVML calls for Xid events, apart from `calls`
         self._opened = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def open(self) -> NvmlStatus:
-        nv = self.nvml
+        api, fn = self.api, self.api.fn
         try:
-            nv.nvmlInit()
-        except nv.NVMLError as e:
-            self.status = NvmlStatus(available=False, error=_explain_init_error(nv, e))
-            return self.status
+            init = api.call(fn["init"])
         except OSError as e:  # a broken libnvidia-ml on disk
             self.status = NvmlStatus(available=False, error=f"cannot load the NVIDIA library: {e}")
             return self.status
-        self._opened = True
-        driver = nvml_version = None
-        try:
-            driver = _text(nv.nvmlSystemGetDriverVersion())
-            nvml_version = _text(nv.nvmlSystemGetNVMLVersion())
-            count = nv.nvmlDeviceGetCount()
-        except nv.NVMLError as e:
-            self.status = NvmlStatus(available=False, error=f"NVML: {e}", driver_version=driver)
+        if isinstance(init, NoValue):
+            self.status = NvmlStatus(available=False, error=_explain_init_error(self.nvml, init))
             return self.status
-        self.gpus = [_Gpu(nv, i, self.calls) for i in range(count)]
+        self._opened = True
+        got = {}  # driver version, NVML version, GPU count: read in turn, up to the first failure
+        for what in ("driver_version", "nvml_version", "count"):
+            got[what] = value = api.call(fn[what])
+            if isinstance(value, NoValue):
+                driver = got["driver_version"] if what != "driver_version" else None
+                self.status = NvmlStatus(available=False, error=f"NVML: {value}", driver_version=_text(driver))
+                return self.status
+        driver, nvml_version = _text(got["driver_version"]), _text(got["nvml_version"])
+        self.gpus = [_Gpu(api, i, self.calls) for i in range(got["count"])]
         self.events.open()
         for g in self.gpus:
             self._open_gpu(g)
@@ -164,10 +172,7 @@ class NvmlCollector:
     def close(self) -> None:
         if self._opened:
             self.events.close()
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError:
-                pass
+            self.api.call(self.api.fn["shutdown"])  # an error here changes nothing
             self._opened = False
 
     def capabilities(self) -> dict[str, Any]:
@@ -181,29 +186,30 @@ class NvmlCollector:
         if ev.error or ev.errors or ev.unattributed:  # Xid events: only when something is wrong
             out["xid_events"] = {"error": ev.error, "wait_errors": ev.errors, "last_wait_error": ev.last_error,
                                  "unattributed": ev.unattributed}
+        if self.api.absent:  # what the installed bindings lack (only when something is missing)
+            out["bindings"] = {"nvidia_ml_py": bindings_version(), "absent": dict(sorted(self.api.absent.items()))}
         return out
 
     # -- static facts ----------------------------------------------------------------------
 
     def _open_gpu(self, g: _Gpu) -> None:
-        nv = self.nvml
         try:
-            g.handle = g.call("handle", nv.nvmlDeviceGetHandleByIndex, g.index)
-            if g.handle is None or g.handle is _UNSUPPORTED:
-                g.lost = True
+            handle = g.ask("handle", g.index)
+            if isinstance(handle, NoValue):
+                g.handle, g.lost = None, True
                 return
-            g.name = _text(g.call("name", nv.nvmlDeviceGetName, g.handle))
-            g.uuid = _text(g.call("uuid", nv.nvmlDeviceGetUUID, g.handle))
-            g.serial = _text(g.call("serial", nv.nvmlDeviceGetSerial, g.handle))
-            pci = g.call("pci", nv.nvmlDeviceGetPciInfo, g.handle)
-            g.bus_id = _text(pci.busId) if pci not in (None, _UNSUPPORTED) else None
-            g.default_limit_w = _num(g.call("power_default_limit", nv.nvmlDeviceGetPowerManagementDefaultLimit,
-                                            g.handle), 1e-3)
-            cons = g.call("power_constraints", nv.nvmlDeviceGetPowerManagementLimitConstraints, g.handle)
+            g.handle = handle
+            g.name = _text(g.ask("name", handle))
+            g.uuid = _text(g.ask("uuid", handle))
+            g.serial = _text(g.ask("serial", handle))
+            pci = g.ask("pci", handle)
+            g.bus_id = None if isinstance(pci, NoValue) else _text(pci.busId)
+            g.default_limit_w = _num(g.ask("power_default_limit", handle), 1e-3)
+            cons = g.ask("power_constraints", handle)
             g.max_limit_w = cons[1] / 1000 if isinstance(cons, list) else None
-            g.max_gen = _num(g.call("pcie_max_gen", nv.nvmlDeviceGetMaxPcieLinkGeneration, g.handle))
-            g.device_max_gen = _num(g.call("pcie_gpu_max_gen", nv.nvmlDeviceGetGpuMaxPcieLinkGeneration, g.handle))
-            g.max_width = _num(g.call("pcie_max_width", nv.nvmlDeviceGetMaxPcieLinkWidth, g.handle))
+            g.max_gen = _num(g.ask("pcie_max_gen", handle))
+            g.device_max_gen = _num(g.ask("pcie_gpu_max_gen", handle))
+            g.max_width = _num(g.ask("pcie_max_width", handle))
             self._open_links(g)
             self.events.register(g)
         except _Lost:
@@ -221,11 +227,11 @@ class NvmlCollector:
             g.lost = True
 
     def _open_links(self, g: _Gpu) -> None:
-        nv = self.nvml
-        fid = getattr(nv, F.FI_LINK_COUNT)
-        res = g.call("nvlink_count", nv.nvmlDeviceGetFieldValues, g.handle, [fid])
+        nv, api = self.nvml, self.api
+        fid = api.const(F.FI_LINK_COUNT, "nvlink_count")
+        res = g.call("nvlink_count", api.fn["field_values"] if fid is not None else None, g.handle, [fid])
         count = 0
-        if res not in (None, _UNSUPPORTED) and res[0].nvmlReturn == 0:
+        if not isinstance(res, NoValue) and res[0].nvmlReturn == 0:
             count = int(res[0].value.uiVal)
         # Never probe past the real count: indices up to NVML_NVLINK_MAX_LINKS give errors or
         # misleading answers on some GPUs (NVML-FACTS §1.2).
@@ -233,12 +239,12 @@ class NvmlCollector:
         g.links = []
         for lk in range(g.link_count):
             link = _Link(lk)
-            ver = g.call("nvlink_version", nv.nvmlDeviceGetNvLinkVersion, g.handle, lk)
+            ver = g.ask("nvlink_version", g.handle, lk)
             link.version = F.NVLINK_ENUM_TO_GEN.get(ver) if isinstance(ver, int) else None
-            rtype = g.call("nvlink_remote_type", nv.nvmlDeviceGetNvLinkRemoteDeviceType, g.handle, lk)
+            rtype = g.ask("nvlink_remote_type", g.handle, lk)
             link.remote_type = F.REMOTE_TYPES.get(rtype, "unknown") if isinstance(rtype, int) else None
-            rpci = g.call("nvlink_remote_pci", nv.nvmlDeviceGetNvLinkRemotePciInfo, g.handle, lk)
-            if rpci not in (None, _UNSUPPORTED):
+            rpci = g.ask("nvlink_remote_pci", g.handle, lk)
+            if not isinstance(rpci, NoValue):
                 bus = _text(rpci.busId) or ""
                 link.remote_bus_id = None if bus.upper() in F.SENTINEL_BUS_IDS else bus.upper()
             g.links.append(link)
@@ -248,23 +254,36 @@ class NvmlCollector:
         g.unsupported.discard("nvlink_remote_type")
         g.unsupported.discard("nvlink_remote_pci")
 
+    def _field_id(self, g: _Gpu, name: str, what: str) -> int | None:
+        """A field id to request, or None: `what` is unsupported, or the bindings lack the id (then
+        it becomes unsupported, and is never requested)."""
+        if what in g.unsupported:
+            return None
+        fid = self.api.const(name, what)
+        if fid is None:
+            g.unsupported.add(what)
+        return fid
+
     def _build_request(self, g: _Gpu) -> None:
-        nv = self.nvml
         req, layout = [], []
         for key, name in (("energy", F.FI_TOTAL_ENERGY), ("pcie_replay", F.FI_PCIE_REPLAY),
                           ("pcie_tx", F.FI_PCIE_TX_BYTES), ("pcie_rx", F.FI_PCIE_RX_BYTES)):
-            if key not in g.unsupported:
-                req.append(getattr(nv, name))
+            fid = self._field_id(g, name, key)
+            if fid is not None:
+                req.append(fid)
                 layout.append((key, None))
         for lk in range(g.link_count):
             for key, name in F.PER_LINK_FIELDS.items():
-                if f"nvlink_{key}" not in g.unsupported:
-                    req.append((getattr(nv, name), lk))
+                fid = self._field_id(g, name, f"nvlink_{key}")
+                if fid is not None:
+                    req.append((fid, lk))
                     layout.append((key, lk))
-            if lk < len(F.FI_LINK_CRC_DATA) and "nvlink_crc_data" not in g.unsupported:
-                req.append(getattr(nv, F.FI_LINK_CRC_DATA[lk]))
+            fid = self._field_id(g, F.FI_LINK_CRC_DATA[lk], "nvlink_crc_data") if lk < len(F.FI_LINK_CRC_DATA) \
+                else None
+            if fid is not None:
+                req.append(fid)
                 layout.append(("crc_data", lk))
-        g.batch = FieldBatch(nv, req, direct=self.direct_fields)
+        g.batch = FieldBatch(self.nvml, req, direct=self.direct_fields)
         g.layout = layout
         g.slot = {k: i for i, k in enumerate(layout)}
         g.prev_values, g.prev_ts_us, g.prev_complete = [None] * len(layout), [0] * len(layout), False
@@ -278,28 +297,23 @@ class NvmlCollector:
     # -- hot path ----------------------------------------------------------------------------
 
     def _read_getter(self, g: _Gpu, what: str) -> None:
-        nv, h = self.nvml, g.handle
+        h = g.handle
         if what in g.unsupported:
             return
         if what == "throttle":
-            v = g.call(what, nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+            v = g.ask(what, h)
             g.last[what] = F.decode_throttle(v) if isinstance(v, int) else None
         elif what == "utilization":
-            v = g.call(what, nv.nvmlDeviceGetUtilizationRates, h)
-            g.last[what] = float(v.gpu) if v not in (None, _UNSUPPORTED) else None
+            v = g.ask(what, h)
+            g.last[what] = None if isinstance(v, NoValue) else float(v.gpu)
         elif what == "temperature":
-            v = g.call(what, nv.nvmlDeviceGetTemperatureV, h, nv.NVML_TEMPERATURE_GPU)
-            g.last[what] = _num(v)
-        elif what == "pcie_gen":
-            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetCurrPcieLinkGeneration, h))
-        elif what == "pcie_width":
-            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetCurrPcieLinkWidth, h))
-        elif what == "power_limit":
-            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetEnforcedPowerLimit, h), 1e-3)
-        elif what == "power":  # fallback when the energy counter is unsupported
-            g.last[what] = _num(g.call(what, nv.nvmlDeviceGetPowerUsage, h), 1e-3)
+            g.last[what] = _num(g.ask(what, h, self.nvml.NVML_TEMPERATURE_GPU))
+        elif what == "pcie_gen" or what == "pcie_width":
+            g.last[what] = _num(g.ask(what, h))
+        elif what == "power_limit" or what == "power":  # power: when the energy counter is unsupported
+            g.last[what] = _num(g.ask(what, h), 1e-3)
         elif what == "nvlink_state_getter":  # fallback when the state field is unsupported
-            g.last[what] = [g.call(what, nv.nvmlDeviceGetNvLinkState, h, lk) for lk in range(g.link_count)]
+            g.last[what] = [g.ask(what, h, lk) for lk in range(g.link_count)]
 
     def collect(self, ts: float) -> tuple[GpuSample, ...]:
         """One tick: a GpuSample per GPU (lost ones marked lost). Never raises for one GPU's failure."""
@@ -337,7 +351,7 @@ class NvmlCollector:
         if what == "slow":
             what = next(g.last["slow"])
         self._read_getter(g, what)
-        if got is None or got is _UNSUPPORTED:
+        if got is None or isinstance(got, NoValue):
             n = len(g.layout)  # the whole call failed: every entry unread this tick
             got = Readings([nv.NVML_ERROR_UNKNOWN] * n, [0] * n, [None] * n)
         if any(got.rets) and nv.NVML_ERROR_GPU_IS_LOST in got.rets:
@@ -459,11 +473,12 @@ class NvmlCollector:
         )
 
 
-def _explain_init_error(nv, e: Exception) -> str:
+def _explain_init_error(nv, failed: NoValue) -> str:
+    e = failed.error
     if isinstance(e, nv.NVMLError_LibraryNotFound):
         return "NVIDIA driver library (libnvidia-ml.so.1) not found: no driver installed, GPU data unavailable"
     if isinstance(e, nv.NVMLError_DriverNotLoaded):
         return "NVIDIA driver not loaded (nvmlInit: Driver Not Loaded): GPU data unavailable"
     if isinstance(e, nv.NVMLError_NoPermission):
         return "no permission to open the NVIDIA devices (nvmlInit: Insufficient Permissions)"
-    return f"nvmlInit failed: {e}"
+    return f"nvmlInit failed: {failed}"

@@ -21,13 +21,16 @@ The event's `device` is a device handle; it is mapped back to the GPU index by t
 (NVML hands out the same handle for a device [inference: NVML handles are pointers into the
 library's device table]) and, for an address not seen at open, by `nvmlDeviceGetIndex(device)`.
 An error from the wait other than TIMEOUT is counted (`errors`) and ends that tick's drain; it never
-raises into the sampler.
+raises into the sampler. Every call goes through the chokepoint (`nvml_api.Api`), so a function the
+installed bindings lack is "unsupported", like one the driver lacks.
 """
 
 from __future__ import annotations
 
 import ctypes
 from typing import Any
+
+from nvmon.collect.nvml_api import Api, NoValue
 
 MAX_EVENTS_PER_TICK = 64
 CAPABILITY = "xid_events"  # the name under which an unsupported registration is reported
@@ -44,8 +47,8 @@ class XidEvents:
     """The node's event set. `open(gpus)` after the GPUs' handles exist, `register(gpu)` for a GPU
     whose handle is (re)opened, `drain()` each tick → {gpu index: (xid, ...)}, `close()`."""
 
-    def __init__(self, nvml):
-        self.nvml = nvml
+    def __init__(self, api: Api):
+        self.api = api
         self.set: Any = None
         self.error: str | None = None  # why there is no event set (None: there is one, or not opened)
         self.calls = [0]  # NVML calls made for events (per node)
@@ -56,14 +59,13 @@ class XidEvents:
         self._by_address: dict[int, int] = {}
 
     def open(self) -> bool:
-        nv = self.nvml
-        self.calls[0] += 1
-        try:
-            self.set = nv.nvmlEventSetCreate()
-        except nv.NVMLError as e:  # NotSupported / FunctionNotFound (e.g. not Linux), or a driver error
-            self.set, self.error = None, f"nvmlEventSetCreate: {e}"
+        fn = self.api.fn["event_set_create"]
+        self.calls[0] += fn is not None
+        created = self.api.call(fn)
+        if isinstance(created, NoValue):  # NotSupported / FunctionNotFound (e.g. not Linux), or a driver error
+            self.set, self.error = None, f"nvmlEventSetCreate: {created}"
             return False
-        self.error = None
+        self.set, self.error = created, None
         return True
 
     def register(self, g) -> None:
@@ -73,11 +75,12 @@ class XidEvents:
             g.unsupported.add(CAPABILITY)
             return
         self.registered.discard(g.index)
-        nv = self.nvml
-        result = g.call(CAPABILITY, nv.nvmlDeviceRegisterEvents, g.handle, nv.nvmlEventTypeXidCriticalError, self.set)
-        g.counter[0] -= 1  # counted here, as an event call, not in the per-GPU budget
-        self.calls[0] += 1
-        if result is None and CAPABILITY not in g.unsupported and CAPABILITY not in g.notes:
+        fn = self.api.fn[CAPABILITY]
+        result = g.call(CAPABILITY, fn, g.handle, self.api.nv.nvmlEventTypeXidCriticalError, self.set)
+        if fn is not None:  # counted here, as an event call, not in the per-GPU budget
+            g.counter[0] -= 1
+            self.calls[0] += 1
+        if not isinstance(result, NoValue) and CAPABILITY not in g.unsupported:
             self.registered.add(g.index)
             addr = _address(g.handle)
             if addr is not None:
@@ -93,17 +96,16 @@ class XidEvents:
         """Every Xid event ready now (up to MAX_EVENTS_PER_TICK), per GPU index. Never blocks."""
         if self.set is None or not self.registered:
             return {}
-        nv = self.nvml
+        api, nv = self.api, self.api.nv
+        wait, timeout = api.fn["event_wait"], nv.NVML_ERROR_TIMEOUT
         out: dict[int, list[int]] = {}
         for _ in range(MAX_EVENTS_PER_TICK):
-            self.calls[0] += 1
-            try:
-                data = nv.nvmlEventSetWait_v2(self.set, 0)
-            except nv.NVMLError_Timeout:
-                break  # the queue is empty
-            except nv.NVMLError as e:
-                self.errors += 1
-                self.last_error = f"nvmlEventSetWait_v2: {e}"
+            self.calls[0] += wait is not None
+            data = api.call(wait, self.set, 0)
+            if isinstance(data, NoValue):
+                if data.code != timeout:  # TIMEOUT: the queue is empty
+                    self.errors += 1
+                    self.last_error = f"nvmlEventSetWait_v2: {data}"
                 break
             if data.eventType != nv.nvmlEventTypeXidCriticalError:
                 continue
@@ -121,23 +123,20 @@ class XidEvents:
         index = self._by_address.get(addr)
         if index is not None:
             return index
-        nv = self.nvml
-        self.calls[0] += 1
-        try:
-            index = int(nv.nvmlDeviceGetIndex(device))
-        except nv.NVMLError:
+        fn = self.api.fn["device_index"]
+        self.calls[0] += fn is not None
+        index = self.api.call(fn, device)
+        if isinstance(index, NoValue):
             return None
+        index = int(index)
         return index if index in self.registered else None
 
     def close(self) -> None:
         if self.set is None:
             return
-        nv = self.nvml
-        self.calls[0] += 1
-        try:
-            nv.nvmlEventSetFree(self.set)
-        except nv.NVMLError:
-            pass
+        fn = self.api.fn["event_set_free"]
+        self.calls[0] += fn is not None
+        self.api.call(fn, self.set)  # an error here changes nothing: the set is dropped anyway
         self.set = None
         self.registered.clear()
         self._by_address.clear()

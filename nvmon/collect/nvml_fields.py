@@ -1,7 +1,10 @@
-"""NVML constants nvmon relies on, with their meaning and source, in one place.
+"""NVML names nvmon relies on — functions by purpose, field ids, enums — with meaning and source.
 
-Values are those of nvml.h / pynvml 13 (NVML-FACTS §1.3, §3); the collector reads them from the
-`pynvml` module it is given when the module has them, so a renamed constant fails loudly in tests.
+Values are those of nvml.h / pynvml 13 (NVML-FACTS §1.3, §3). The collector looks every name up in
+the `pynvml` module it is given, through the chokepoint (`nvml_api.Api`): a name that module lacks
+makes its metric unsupported. `ADDED` says which names are newer than the oldest nvidia-ml-py
+nvmon accepts; tests/test_sim_surface.py checks, against the installed bindings, that every other
+name exists and that these exist exactly from that release on — so a renamed name fails in tests.
 """
 
 from __future__ import annotations
@@ -25,6 +28,60 @@ FI_LINK_RECOVERY = "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY"
 FI_LINK_CRC = "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"  # data-link CRC (flit) errors
 # Data-CRC errors exist only as one field id per link for links 0..11 (scopeId 0).
 FI_LINK_CRC_DATA = tuple(f"NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L{i}" for i in range(12))
+
+# Every pynvml function the collector calls, by purpose (the key is also the capability name under
+# which "unsupported" is reported). Newest name first, then older names that answer the same
+# question with the same arguments: the first one the installed bindings have is used.
+FUNCTIONS = {
+    # lifecycle and the node (not per GPU)
+    "init": ("nvmlInit",),
+    "shutdown": ("nvmlShutdown",),
+    "driver_version": ("nvmlSystemGetDriverVersion",),
+    "nvml_version": ("nvmlSystemGetNVMLVersion",),
+    "count": ("nvmlDeviceGetCount",),
+    # static facts, read once per GPU
+    "handle": ("nvmlDeviceGetHandleByIndex",),
+    "name": ("nvmlDeviceGetName",),
+    "uuid": ("nvmlDeviceGetUUID",),
+    "serial": ("nvmlDeviceGetSerial",),
+    "pci": ("nvmlDeviceGetPciInfo",),
+    "power_default_limit": ("nvmlDeviceGetPowerManagementDefaultLimit",),
+    "power_constraints": ("nvmlDeviceGetPowerManagementLimitConstraints",),
+    "pcie_max_gen": ("nvmlDeviceGetMaxPcieLinkGeneration",),
+    "pcie_gpu_max_gen": ("nvmlDeviceGetGpuMaxPcieLinkGeneration",),
+    "pcie_max_width": ("nvmlDeviceGetMaxPcieLinkWidth",),
+    "nvlink_version": ("nvmlDeviceGetNvLinkVersion",),
+    "nvlink_remote_type": ("nvmlDeviceGetNvLinkRemoteDeviceType",),
+    "nvlink_remote_pci": ("nvmlDeviceGetNvLinkRemotePciInfo",),
+    # per tick: the field-value batch (nvml_batch calls the C symbol itself when it can) and the
+    # rotated getters
+    "field_values": ("nvmlDeviceGetFieldValues",),
+    # "ClocksThrottleReasons" was renamed "ClocksEventReasons" (same bits) in 12.535
+    "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+    "utilization": ("nvmlDeviceGetUtilizationRates",),
+    # the versioned getter (12.570) and the one it deprecates: (handle, sensor) → °C, both
+    "temperature": ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"),
+    "pcie_gen": ("nvmlDeviceGetCurrPcieLinkGeneration",),
+    "pcie_width": ("nvmlDeviceGetCurrPcieLinkWidth",),
+    "power_limit": ("nvmlDeviceGetEnforcedPowerLimit",),
+    "power": ("nvmlDeviceGetPowerUsage",),  # fallback when the energy counter is unsupported
+    "nvlink_state_getter": ("nvmlDeviceGetNvLinkState",),  # fallback when the state field is unsupported
+    # Xid events (nvml_events)
+    "xid_events": ("nvmlDeviceRegisterEvents",),
+    "event_set_create": ("nvmlEventSetCreate",),
+    "event_wait": ("nvmlEventSetWait_v2",),
+    "event_set_free": ("nvmlEventSetFree",),
+    "device_index": ("nvmlDeviceGetIndex",),
+}
+
+# Names above newer than the oldest nvidia-ml-py nvmon accepts (pyproject.toml): the release that
+# added each, checked against the pynvml.py of each release on PyPI. Every other name is in all.
+ADDED = {
+    "nvmlDeviceGetCurrentClocksEventReasons": (12, 535),
+    "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": (12, 555),
+    "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": (12, 555),
+    "nvmlDeviceGetTemperatureV": (12, 570),
+}
 
 PER_LINK_FIELDS = {
     "state": FI_LINK_STATE,

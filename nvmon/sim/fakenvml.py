@@ -9,7 +9,10 @@ maps our return code through `_nvmlCheckReturn` to the real `NVMLError_*` classe
 
 Only the C symbols nvmon needs are implemented; any other symbol raises `NVMLError_FunctionNotFound`
 just as an old driver would. `tests/test_sim_surface.py` proves each one is a symbol the installed
-pynvml really calls, with the argument count its wrapper passes.
+pynvml really calls, with the argument count its wrapper passes — or, for a symbol only newer
+bindings call (`nvml_fields.ADDED`: e.g. nvmlDeviceGetTemperatureV), that the installed release is
+older. Works with every nvidia-ml-py that pyproject.toml accepts (.ci/run tests the oldest too): an
+older pynvml's wrappers simply call the older symbols, which are implemented as well.
 """
 
 from __future__ import annotations
@@ -209,7 +212,8 @@ class FakeNvmlLib:
         if rc:
             return rc
         st = _out(ptr)
-        if st.version != _real_pynvml.nvmlTemperature_v1:
+        # Only bindings with this wrapper (12.570+) call this symbol, and they define the version.
+        if st.version != getattr(_real_pynvml, "nvmlTemperature_v1", None):
             return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         if _val(st.sensorType) != 0 or self.board.notsup("temperature", g, self._t()):
             return ERROR_NOT_SUPPORTED
@@ -238,6 +242,10 @@ class FakeNvmlLib:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle, ptr) -> int:
         return self._uint_getter(handle, ptr, lambda g: self.board.clocks_event_reasons(g, self._t()), "throttle")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle, ptr) -> int:
+        # The same bits under their name before 12.535, which older bindings call.
+        return self.nvmlDeviceGetCurrentClocksEventReasons(handle, ptr)
 
     # -- clocks and memory ----------------------------------------------------------------------------
 
