@@ -178,3 +178,36 @@ def test_a_metric_added_to_the_catalog_gets_its_column_when_the_database_opens(t
     assert "demo_c" in {r[1] for r in conn.execute("PRAGMA table_info(gpu_ticks)")}
     assert {"demo_c_min", "demo_c_max"} <= {r[1] for r in conn.execute("PRAGMA table_info(gpu_minutes)")}
     conn.close()
+
+
+# -- wire: the catalog's keys travel in their units and come back in the metric's -------------------
+
+def test_the_wire_carries_the_catalogs_gpu_values_and_the_inventory_its_static_ones():
+    import json
+
+    from nvmon.wire.parse import parse_message
+    from nvmon.wire.payloads import inventory_payload, sample_payload
+
+    s = healthy_sample()
+    d = json.loads(sample_payload(s))
+    assert d["sm_mhz"][0] == 1980 and d["fb_mib"][0] == 70_000 and d["mt"][0] == 69
+    tick = parse_message("nvmon/v1/c1/n1/sample", sample_payload(s))
+    assert tick.gpus[0].values == {"sm_clock_hz": 1_980_000_000, "fb_used_bytes": 70_000 * 2**20,
+                                   "memory_temperature_c": 69.0}
+    inv = json.loads(inventory_payload(s, cluster="c1"))
+    assert inv["gpus"][0]["sm_clock_max_hz"] == 1_980_000_000 and inv["gpus"][0]["fb_total_bytes"] == 81_559 * 2**20
+
+
+def test_a_tick_without_the_catalog_keys_reads_and_one_out_of_range_is_refused():
+    import json
+
+    from nvmon.wire.contract import WireError
+    from nvmon.wire.parse import parse_message
+    from nvmon.wire.payloads import sample_payload
+
+    d = json.loads(sample_payload(healthy_sample()))
+    old = {k: v for k, v in d.items() if k not in ("sm_mhz", "fb_mib", "mt")}  # an older node's tick
+    assert parse_message("nvmon/v1/c1/n1/sample", json.dumps(old).encode()).gpus[0].values == {}
+    d["sm_mhz"][2] = 10**9
+    with pytest.raises(WireError, match="sm_mhz"):
+        parse_message("nvmon/v1/c1/n1/sample", json.dumps(d).encode())

@@ -10,6 +10,7 @@ from nvmon.catalog.metrics import (
     GPU_TICK_SCALARS,
     GPU_WIRE,
     GPU_WIRE_FACTS,
+    GPU_WIRE_READ,
     METRICS,
     Encode,
     Kind,
@@ -22,6 +23,6 @@ from nvmon.catalog.metrics import (
 
 __all__ = [
     "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_TICK_SCALARS", "GPU_WIRE", "GPU_WIRE_FACTS",
-    "METRICS",
-    "SCOPE_LABELS", "Encode", "Family", "Kind", "Metric", "Rollup", "Scope", "Static", "of_scope",
+    "GPU_WIRE_READ", "METRICS", "SCOPE_LABELS", "Encode", "Family", "Kind", "Metric", "Rollup", "Scope", "Static",
+    "of_scope",
 ]

@@ -98,6 +98,10 @@ class Metric:
     fmt: str = ""  # how views print it: "mhz", "mib", "c", "" (plain)
     wire: str | None = None  # key of the per-GPU array in the wire `sample` (or `inventory` for FACT)
     wire_digits: int | None = None  # None: an integer on the wire; else rounded to this many digits
+    # What the wire reader accepts (lo, hi); None: the reader reads the key by hand (nvmon.wire.parse).
+    # Keys read through the catalog land in `GpuTick.values` under the metric's name.
+    wire_range: tuple[float, float] | None = None
+    wire_divisor: int | None = None  # sent in these units (the key says which: `sm_mhz`), read back ×
     static: Static = Static.TICK
     history: bool = True  # offered by `nvmon history`
 
@@ -174,18 +178,22 @@ METRICS: tuple[Metric, ...] = (
     Metric("pcie_replay_delta", "count", Kind.COUNTER, G, "PCIe replays in the interval",
            "pcie.replay_errors_delta", "pcie_replay_delta", "INTEGER", E.INTEGER, R.SUM, label="replays"),
     # Clocks and framebuffer memory: nvmlDeviceGetClockInfo / GetMaxClockInfo (MHz, stored in Hz),
-    # nvmlDeviceGetMemoryInfo (bytes), NVML_FI_DEV_MEMORY_TEMP (°C, in the field-value batch).
+    # nvmlDeviceGetMemoryInfo_v2 (bytes), NVML_FI_DEV_MEMORY_TEMP (°C, in the field-value batch).
+    # The wire carries SM clock, framebuffer used and memory temperature in its units (MHz, MiB, °C:
+    # ~135 bytes a tick for 8 GPUs; the sample stays under 2 KB), the rest stays on the node.
     Metric("sm_clock_hz", "Hz", Kind.GAUGE, G, "SM clock", "sm_clock_hz", "sm_clock_hz", "INTEGER", E.INTEGER,
-           R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sc"),
+           R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sm_mhz",
+           wire_range=(0, 10**5), wire_divisor=10**6),
     Metric("mem_clock_hz", "Hz", Kind.GAUGE, G, "memory clock", "mem_clock_hz", "mem_clock_hz", "INTEGER",
-           E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz", wire="mc"),
+           E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz"),
     Metric("fb_used_bytes", "B", Kind.GAUGE, G, "framebuffer memory in use (beside the driver's reservation)",
            "fb_used_bytes", "fb_used_bytes", "INTEGER", E.INTEGER, R.MIN_AVG_MAX, label="fb used", fmt="mib",
-           wire="fu"),
+           wire="fb_mib", wire_range=(0, 2**30), wire_divisor=2**20),
     Metric("fb_free_bytes", "B", Kind.GAUGE, G, "framebuffer memory free", "fb_free_bytes", "fb_free_bytes",
-           "INTEGER", E.INTEGER, R.MIN_MAX, label="fb free", fmt="mib", wire="ff"),
+           "INTEGER", E.INTEGER, R.MIN_MAX, label="fb free", fmt="mib"),
     Metric("memory_temperature_c", "°C", Kind.GAUGE, G, "memory (HBM) temperature", "memory_temperature_c",
-           "memory_temperature_c", rollup=R.MIN_AVG_MAX, label="mem temp", fmt="c", wire="mt", wire_digits=0),
+           "memory_temperature_c", rollup=R.MIN_AVG_MAX, label="mem temp", fmt="c", wire="mt", wire_digits=0,
+           wire_range=(-100, 300)),
     Metric("sm_clock_max_hz", "Hz", Kind.GAUGE, G, "highest SM clock the GPU runs at", "sm_clock_max_hz",
            "sm_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="sm max",
            fmt="mhz", wire="sm_clock_max_hz"),
@@ -277,3 +285,5 @@ GPU_FACTS: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.path is not No
 # the wire `inventory` filled from the static ones.
 GPU_WIRE: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.wire and m.path and m.static is Static.TICK)
 GPU_WIRE_FACTS: tuple[Metric, ...] = tuple(m for m in GPU_FACTS if m.wire)
+# The per-GPU wire arrays the reader takes through the catalog (into GpuTick.values).
+GPU_WIRE_READ: tuple[Metric, ...] = tuple(m for m in GPU_WIRE if m.wire_range is not None)

@@ -7,6 +7,7 @@ dataclasses below; docs/wire.md is the human-readable form of both.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nvmon.codes import SEVERITIES
@@ -254,6 +255,9 @@ class GpuTick:
     link_speed_mbps: dict[int, int | None]  # up links whose speed differs from link_ref_mbps
     link_errors: dict[int, dict[str, int]]  # link → {kind: positive delta}
     xid_events: tuple[int, ...] = ()  # Xid numbers NVML delivered this tick (events, usually none)
+    # The catalog's metrics read through it (nvmon.catalog GPU_WIRE_READ: clocks, framebuffer, memory
+    # temperature, ...), by metric name; a key the node did not send is missing. Read-only.
+    values: Mapping[str, int | float | None] = field(default_factory=dict)
 
     def link_active(self, link: int) -> bool | None:
         if link in self.links_down:

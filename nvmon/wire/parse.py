@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from itertools import chain
 
+from nvmon.catalog import GPU_WIRE_READ
 from nvmon.wire.checks import (
     MAX_RATE,
     MAX_TS,
@@ -276,7 +277,7 @@ def _tick(d: dict, cluster: str, node: str, ts: float) -> Tick:
         GpuTick, index, [g in lost for g in index] if lost else [False] * n, p, pl, t, u,
         _per_gpu(index, throttle, ()), pg, pw, pt, pr, _per_gpu(index, replay, 0), nt, nr, ls, lt, lr,
         _per_gpu(index, down, ()), _per_gpu(index, unknown, ()), _fresh_dicts(index, speeds),
-        _fresh_dicts(index, errors), _per_gpu(index, xid_events, ()),
+        _fresh_dicts(index, errors), _per_gpu(index, xid_events, ()), _catalog_values(get, n),
     ))
     rates = nums(get("ig", []), "ig", 0, 1e5, MAX_IB_PORTS)
     m = len(rates)
@@ -320,6 +321,27 @@ def _tick_findings(v: object) -> tuple[TickFinding, ...]:
     return tuple(out)
 
 
+_NO_VALUES: dict = {}  # shared by the GPUs of a tick that carries no catalog keys: read only
+
+
+def _catalog_values(get, n: int) -> list:
+    """Per GPU, the catalog metrics the tick carries (GPU_WIRE_READ), each checked against its
+    `wire_range`: integers, or numbers where the catalog rounds them to digits."""
+    columns = []
+    for m in GPU_WIRE_READ:
+        v = get(m.wire)
+        if v is not None:
+            lo, hi = m.wire_range
+            col = ints(v, m.wire, int(lo), int(hi), MAX_GPUS, length=n) if m.wire_digits is None \
+                else nums(v, m.wire, lo, hi, MAX_GPUS, length=n)
+            if m.wire_divisor is not None:  # sent in the key's units: back to the metric's
+                col = [None if x is None else x * m.wire_divisor for x in col]
+            columns.append((m.name, col))
+    if not columns:
+        return [_NO_VALUES] * n
+    return [{name: col[i] for name, col in columns} for i in range(n)]
+
+
 _IB_UP = ("ACTIVE", "LinkUp")  # an IB port's (state, phys_state) unless the sample says otherwise
 _NO_HOST = [None, None, None]  # only read: `array` wants a list
 # The tick builders above pass fields by position: fail at import, not with shifted values, if the
@@ -328,7 +350,7 @@ if (tuple(GpuTick.__dataclass_fields__) != (
         "index", "lost", "power_w", "power_limit_w", "temperature_c", "utilization_pct", "throttle_reasons",
         "pcie_gen", "pcie_width", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "pcie_replay_delta",
         "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "link_ref_mbps", "link_tx_pct", "link_rx_pct",
-        "links_down", "links_unknown", "link_speed_mbps", "link_errors", "xid_events")
+        "links_down", "links_unknown", "link_speed_mbps", "link_errors", "xid_events", "values")
         or tuple(IbTick.__dataclass_fields__) != (
         "index", "rate_gbps", "tx_bytes_per_s", "rx_bytes_per_s", "state", "phys_state", "errors_delta")
         or tuple(Tick.__dataclass_fields__) != (

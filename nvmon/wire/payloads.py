@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nvmon.audit import Finding
+from nvmon.catalog import GPU_WIRE, GPU_WIRE_FACTS
 from nvmon.codes import Severity
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec, gpu_spec_for
@@ -254,6 +255,12 @@ def _findings(findings: Iterable[Finding]) -> list[list]:
     return out
 
 
+# (key, getter, digits, divisor) of every per-GPU array the catalog gives a wire key (digits None: an
+# integer), in catalog order; and (key, getter) of the static metrics the inventory carries.
+_GPU_ARRAYS = tuple((m.wire, operator.attrgetter(m.path), m.wire_digits, m.wire_divisor) for m in GPU_WIRE)
+_GPU_FACTS = tuple((m.wire, operator.attrgetter(m.path)) for m in GPU_WIRE_FACTS)
+
+
 def sample_payload(sample: Sample, findings: Iterable[Finding] = ()) -> bytes:
     """`sample`: one tick, compact. Keys in docs/wire.md ("sample"); arrays are per GPU / per port.
     `findings`: the node's audit of this sample (`nvmon.audit`), carried as `f`.
@@ -330,15 +337,11 @@ def sample_payload(sample: Sample, findings: Iterable[Finding] = ()) -> bytes:
                            "lay": layout_id(sample)}
     if [g.index for g in gpus] != list(range(len(gpus))):
         out["gi"] = [g.index for g in gpus]
-    out["p"] = [_num(g.power_w) for g in gpus]
-    out["pl"] = [_num(g.power_limit_w) for g in gpus]
-    out["t"] = [_num(g.temperature_c, 0) for g in gpus]
-    out["u"] = [_num(g.utilization_pct, 0) for g in gpus]
-    pcie = [g.pcie for g in gpus]
-    out["pg"] = [_int(p.gen) for p in pcie]
-    out["pw"] = [_int(p.width) for p in pcie]
-    out["pt"] = [_int(p.tx_bytes_per_s) for p in pcie]
-    out["pr"] = [_int(p.rx_bytes_per_s) for p in pcie]
+    for key, get, digits, per in _GPU_ARRAYS:  # the catalog's per-GPU values: p, pl, t, u, pg, pw, pt, pr, ...
+        values = [get(g) for g in gpus]
+        if per is not None:  # in the key's units (sm_mhz, fb_mib)
+            values = [None if v is None else v / per for v in values]
+        out[key] = [_int(v) for v in values] if digits is None else [_num(v, digits) for v in values]
     out["nt"], out["nr"], out["ls"], out["lt"], out["lr"] = nt, nr, ls, lt, lr
     if lost := [g.index for g in gpus if g.lost]:
         out["lost"] = lost
@@ -426,6 +429,7 @@ def inventory_payload(sample: Sample, *, cluster: str, rack: str | None = None,
             "bus_id": _text(g.pci_bus_id), "power_default_limit_w": _num(g.power_default_limit_w),
             "power_max_limit_w": _num(g.power_max_limit_w), "pcie": _pcie(g.pcie, current=False),
             "link_count": g.nvlink_count,
+            **{key: _int(get(g)) for key, get in _GPU_FACTS},  # the catalog's static metrics
             "links": [{"link": lk.link, "version": lk.version, "speed_mbps": lk.speed_mbps,
                        "remote_type": _text(lk.remote_type, 32), "remote_bus_id": _text(lk.remote_pci_bus_id)}
                       for lk in g.nvlink if 0 <= lk.link < MAX_LINKS],
