@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nvmon.fleet.state as state_mod
+from nvmon.audit import audit
 from nvmon.collect.node import NodeSampler
 from nvmon.fleet.history import History
 from nvmon.fleet.state import FleetState
@@ -51,7 +52,7 @@ def feed(state: FleetState, node: str, spec: str = "hgx-h100", *, now: float = T
         assert state.apply(topic(C, node, "status"), status_payload("online", version="1", interval_s=interval,
                                                                     ts=now), now)
     assert state.apply(topic(C, node, "inventory"), inventory_payload(s, cluster=C, rack=rack, labels=labels), now)
-    assert state.apply(topic(C, node, "sample"), sample_payload(s), now)
+    assert state.apply(topic(C, node, "sample"), sample_payload(s, audit(s).findings), now)  # as a daemon sends it
     return state.nodes[(C, node)]
 
 
@@ -103,6 +104,22 @@ def test_faulty_board_row_shows_each_fault():
 def test_fault_rows(spec, check):
     s = feed(FleetState(), "n", spec).summary
     assert check(s), s
+
+
+def test_row_marks_are_the_nodes_findings_not_a_judgement_of_its_own():
+    """The node judged with its own thresholds: its row says what its audit (and its alerts) said."""
+    from nvmon.audit import Thresholds
+
+    s = dataclasses.replace(board("hgx-h100,pcie_width=3:8")[-1], node="n")
+    hot = audit(s, thresholds=Thresholds(temperature_c=40.0)).findings  # every GPU "hot" for this node
+    st_ = FleetState()
+    st_.apply(topic(C, "n", "inventory"), inventory_payload(s, cluster=C), T0)
+    st_.apply(topic(C, "n", "sample"), sample_payload(s, hot), T0)
+    row = st_.nodes[(C, "n")].summary
+    assert row.marks == {"pcie": "warning", "temp": "warning"} and row.pcie_degraded
+    st_.apply(topic(C, "n", "sample"), sample_payload(s), T0 + 1)  # an older daemon: no findings sent
+    row = st_.nodes[(C, "n")].summary
+    assert row.marks == {} and not row.pcie_degraded and row.pcie_worst == "Gen5 x8"  # shown, not judged
 
 
 def test_tick_without_inventory_still_summarised():

@@ -46,7 +46,7 @@ async def test_fleet_screen_rows_status_and_problem_symbols():
         status = column_plain(t, "status")
         assert status[OFFLINE].startswith("✗ lost") and status[STALE].startswith("⚠ stale")
         assert status[0] == "✓ online"
-        assert column_plain(t, "pcie")[2] == "✗ Gen5 x8 GPU3"
+        assert column_plain(t, "pcie")[2] == "⚠ Gen5 x8 GPU3"  # pcie.width is a warning: ⚠, as on the alerts screen
         assert column_plain(t, "ib")[3] == "⚠ 8/8 100G"
         assert column_plain(t, "links")[5].startswith("✗ 143/144 ⚠")
         assert "cap1" in column_plain(t, "power")[4] and column_plain(t, "temp")[9].startswith("⚠ 92°C G6")

@@ -5,9 +5,10 @@ spec, whether links, PCIe, IB or power fall short, how hot it runs and whether e
 climb. It is computed once per received tick, so a view only formats; what depends on the
 inventory alone (specs, expected counts, limits) is worked out once per inventory (`Facts`).
 
-Units follow the wire: bytes/s and watts (views print GB/s and kW). The judgement thresholds are
-`nvmon.audit.Thresholds`, so "busy", "power-capped" and "PCIe degraded" mean here what they mean
-in `nvmon audit`.
+Units follow the wire: bytes/s and watts (views print GB/s and kW). Nothing here judges: what is
+degraded, capped or hot is what the node's own audit found this tick (the sample's findings,
+`Tick.findings`), so the fleet row, `nvmon audit` and the node's alerts always agree. `marks`
+gives each column the worst severity of the findings it shows.
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
-from nvmon.audit import POWER_THROTTLES, Thresholds
+from nvmon.codes import Severity
 from nvmon.specs import GpuSpec, gpu_spec_for
-from nvmon.wire.contract import Inventory, Tick
+from nvmon.wire.contract import Inventory, Tick, TickFinding
 
-T = Thresholds()
+# The fleet-table column that shows a finding code (an HCA's PCIe link is shown with IB).
+COLUMN_OF: dict[str, str] = {
+    "nvlink.link_down": "links", "nvlink.topology": "links", "nvlink.speed": "links", "nvlink.errors": "links",
+    "pcie.width": "pcie", "pcie.gen": "pcie", "pcie.replay": "pcie",
+    "ib.port_down": "ib", "ib.rate": "ib", "ib.errors": "ib", "ib.count": "ib",
+    "power.limit": "power", "power.cap": "power", "thermal": "temp",
+    "gpu.lost": "gpus", "gpu.count": "gpus", "gpu.xid": "gpus", "nvml.unavailable": "gpus",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,18 +44,19 @@ class Summary:
     links_expected: int | None  # per the model's spec (a bridged H100 PCIe expects 12 of 18)
     links_down: int  # shortfall against the spec; without one, the links reported inactive
     pcie_worst: str | None  # e.g. "Gen4 x8 on GPU 2" when degraded, else the lowest link, "Gen5 x16"
-    pcie_degraded: bool  # narrower than the slot/spec allows, or a lower gen under load
+    pcie_degraded: bool  # the node's audit found a GPU's PCIe link short (pcie.width / pcie.gen)
     ib_up: int  # InfiniBand ports ACTIVE / LinkUp (Ethernet-mode ports are counted apart)
     ib_expected: int | None  # the node's expected spec, else the ports its inventory lists
     ib_ethernet: int
     ib_min_rate_gbps: float | None  # slowest port that is up
     power_w: float | None  # GPU power draw summed
     power_limit_w: float | None  # enforced limits summed
-    power_capped: int  # GPUs whose limit is set low, or that sit at/throttle on their limit
+    power_capped: int  # GPUs with a power.limit or power.cap finding
     hottest_c: float | None
     hottest_gpu: int | None
     errors_rising: int  # error counters (NVLink, PCIe replay, IB) that rose over this tick
     ib_bytes_per_s: float | None  # TX + RX over all ports
+    marks: dict[str, str]  # column (COLUMN_OF) → the worst severity of its findings; absent: none
 
 
 @lru_cache(maxsize=256)  # a handful of models in a fleet; bounded because names come off the wire
@@ -57,10 +66,7 @@ def _spec(model: str | None) -> GpuSpec | None:
 
 @dataclass(frozen=True, slots=True)
 class GpuFacts:
-    spec: GpuSpec | None
-    want_width: int  # 0: unknown
-    want_gen: int
-    power_ref_w: float | None  # the limit a GPU should run at: the spec's, else the driver default
+    spec: GpuSpec | None  # for the expected link count and the NVLink % of spec (display, not verdicts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +88,8 @@ class Facts:
         fallback_spec = _spec(common)
         gpus = {}
         for g in inventory.gpus:
-            spec = _spec(g.model or common)
-            gpus[g.index] = GpuFacts(
-                spec=spec, want_width=max(g.pcie.max_width or 0, spec.pcie_width if spec else 0),
-                want_gen=max(g.pcie.max_gen or 0, spec.pcie_gen if spec else 0),
-                power_ref_w=spec.power_limit_w if spec is not None else g.power_default_limit_w)
-        fallback = GpuFacts(fallback_spec, fallback_spec.pcie_width if fallback_spec else 0,
-                            fallback_spec.pcie_gen if fallback_spec else 0,
-                            fallback_spec.power_limit_w if fallback_spec else None)
+            gpus[g.index] = GpuFacts(spec=_spec(g.model or common))
+        fallback = GpuFacts(fallback_spec)
         node = inventory.spec.get("node") if isinstance(inventory.spec, dict) else None
         want = node.get("ib_ports") if isinstance(node, dict) else None
         return Facts(
@@ -99,7 +99,7 @@ class Facts:
             ib_expected=want if isinstance(want, int) and not isinstance(want, bool) else len(inventory.ib))
 
 
-NO_FACTS = GpuFacts(None, 0, 0, None)
+NO_FACTS = GpuFacts(None)
 
 
 def summarize(tick: Tick, facts: Facts | None) -> Summary:
@@ -107,12 +107,12 @@ def summarize(tick: Tick, facts: Facts | None) -> Summary:
     tick's: with another layout, GPU indices and IB port positions may name different devices."""
     known = facts.gpus if facts is not None else {}
     fallback = facts.fallback if facts is not None else NO_FACTS
-    active = down_raw = shortfall = lost = capped = errors = 0
+    active = down_raw = shortfall = lost = errors = 0
     expected: int | None = 0 if tick.gpus and facts is not None else None  # no GPUs: nothing to hold them to
     spec_bytes: float | None = 0.0 if facts is not None else None
     nvlink = power = limit = None
     hottest: tuple = (None, None)
-    worst: tuple | None = None  # PCIe: (healthy?, width ratio, gen ratio, index, gen, width)
+    lowest: tuple | None = None  # PCIe: (width, gen, index) of the narrowest, then slowest link
     for g in tick.gpus:
         f = known.get(g.index, fallback)
         spec = f.spec
@@ -138,20 +138,10 @@ def summarize(tick: Tick, facts: Facts | None) -> Summary:
             hottest = (g.temperature_c, g.index)
         lost += g.lost
         errors += sum(len(kinds) for kinds in g.link_errors.values()) + (g.pcie_replay_delta > 0)
-        if g.lost:
-            continue
-        busy = ((g.utilization_pct or 0) >= T.busy_util_pct
-                or (g.pcie_tx_bytes_per_s or 0) + (g.pcie_rx_bytes_per_s or 0) >= T.busy_pcie_bytes_per_s
-                or (g.nvlink_tx_bytes_per_s or 0) + (g.nvlink_rx_bytes_per_s or 0) >= T.busy_nvlink_bytes_per_s)
-        capped += _capped(g.power_w, g.power_limit_w, f.power_ref_w, busy, g.throttle_reasons)
-        if g.pcie_width is not None and g.pcie_gen is not None:
-            # Idle GPUs lower their PCIe gen to save power: a low gen is a fault only under load.
-            narrow = 0 < g.pcie_width < f.want_width
-            slow = busy and 0 < g.pcie_gen < f.want_gen
-            key = (not (narrow or slow), g.pcie_width / (f.want_width or g.pcie_width or 1),
-                   g.pcie_gen / (f.want_gen or g.pcie_gen or 1), g.index, g.pcie_gen, g.pcie_width)
-            if worst is None or key < worst:
-                worst = key
+        if not g.lost and g.pcie_width is not None and g.pcie_gen is not None:
+            key = (g.pcie_width, g.pcie_gen, g.index)
+            if lowest is None or key < lowest:
+                lowest = key
 
     ib_up = ib_eth = 0
     rate = ib_bytes = None
@@ -170,21 +160,40 @@ def summarize(tick: Tick, facts: Facts | None) -> Summary:
             if p.rate_gbps is not None and (rate is None or p.rate_gbps < rate):
                 rate = p.rate_gbps
 
-    degraded = worst is not None and not worst[0]
-    pcie = None if worst is None else f"Gen{worst[4]} x{worst[5]}" + (f" on GPU {worst[3]}" if degraded else "")
+    marks, capped_gpus, short_pcie = _marks(tick.findings)
+    pcie = None if lowest is None else f"Gen{lowest[1]} x{lowest[0]}"
+    degraded = bool(short_pcie)
+    if degraded:  # the link the audit named (most severe first), as it is now
+        g = next((g for g in tick.gpus if g.index == short_pcie[0]), None)
+        if g is not None and g.pcie_gen is not None and g.pcie_width is not None:
+            pcie = f"Gen{g.pcie_gen} x{g.pcie_width} on GPU {g.index}"
     return Summary(
         gpu_model=facts.model if facts is not None else None, gpu_count=len(tick.gpus), gpus_lost=lost,
         nvlink_bytes_per_s=nvlink, nvlink_pct=None if not spec_bytes or nvlink is None else 100.0 * nvlink / spec_bytes,
         links_active=active, links_expected=expected, links_down=shortfall if expected is not None else down_raw,
         pcie_worst=pcie,
         pcie_degraded=degraded, ib_up=ib_up, ib_expected=facts.ib_expected if facts is not None else None,
-        ib_ethernet=ib_eth, ib_min_rate_gbps=rate, power_w=power, power_limit_w=limit, power_capped=capped,
-        hottest_c=hottest[0], hottest_gpu=hottest[1], errors_rising=errors, ib_bytes_per_s=ib_bytes)
+        ib_ethernet=ib_eth, ib_min_rate_gbps=rate, power_w=power, power_limit_w=limit, power_capped=capped_gpus,
+        hottest_c=hottest[0], hottest_gpu=hottest[1], errors_rising=errors, ib_bytes_per_s=ib_bytes, marks=marks)
 
 
-def _capped(power: float | None, limit: float | None, ref: float | None, busy: bool, throttle) -> bool:
-    if limit is not None and ref and limit < T.power_limit_ratio * ref:
-        return True  # the limit itself is set low (nvidia-smi -pl, a rack power budget)
-    if power is not None and limit and power >= T.power_cap_ratio * limit:
-        return True
-    return busy and any(r in (throttle or ()) for r in POWER_THROTTLES)
+_NO_MARKS: dict[str, str] = {}
+
+
+def _marks(findings: tuple[TickFinding, ...]) -> tuple[dict[str, str], int, list[int]]:
+    """(column → worst severity, GPUs with a power finding, GPUs with a short PCIe link, most
+    severe first)."""
+    if not findings:
+        return _NO_MARKS, 0, []
+    marks: dict[str, str] = {}
+    power: set[int] = set()
+    pcie: list[tuple[int, int]] = []
+    for f in findings:
+        col = "ib" if f.code.startswith("pcie.") and f.gpu is None and f.device is not None else COLUMN_OF.get(f.code)
+        if col is not None and (col not in marks or Severity.rank_of(f.severity) < Severity.rank_of(marks[col])):
+            marks[col] = f.severity
+        if f.code in ("power.limit", "power.cap") and f.gpu is not None:
+            power.add(f.gpu)
+        elif f.code in ("pcie.width", "pcie.gen") and f.gpu is not None:
+            pcie.append((Severity.rank_of(f.severity), f.gpu))
+    return marks, len(power), [g for _, g in sorted(pcie)]

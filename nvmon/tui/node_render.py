@@ -13,7 +13,7 @@ from rich.text import Text
 
 from nvmon.codes import Severity
 from nvmon.fleet.state import NodeView
-from nvmon.tui.rows import CRIT_C, HOT_C, c_status
+from nvmon.tui.rows import c_status
 from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, age, clean, gbs, known, \
     literal, pct_style, short_model
 
@@ -90,6 +90,21 @@ def _want_links(view: NodeView, index: int) -> int | None:
     return spec.nvlink_links if spec is not None else None
 
 
+def _judged(findings, healthy: str, **where) -> str:
+    """The style of the worst of `findings` (the node's own audit of this tick) at `where`
+    (e.g. gpu=3, or device="mlx5_0", port=None for an HCA), else `healthy`."""
+    worst = None
+    for f in findings:
+        if all(getattr(f, k) == v for k, v in where.items()):
+            if worst is None or Severity.rank_of(f.severity) < Severity.rank_of(worst):
+                worst = f.severity
+    return SEVERITY_STYLE.get(worst, healthy) if worst is not None else healthy
+
+
+def _of(findings, *codes: str) -> list:
+    return [f for f in findings if f.code in codes]
+
+
 def gpu_table(view: NodeView) -> Table | Text:
     t = view.tick
     if t is None:
@@ -97,7 +112,8 @@ def gpu_table(view: NodeView) -> Table | Text:
     models = {g.index: g for g in view.inventory.gpus} if view.inventory is not None else {}
     table = _table("GPU", "model", "util", "temp", "power W", "PCIe", "PCIe GB/s", "NVLink GB/s", "links",
                    "events", title="GPUs (GB/s: tx/rx)")
-    facts = view.facts
+    temps, powers = _of(t.findings, "thermal"), _of(t.findings, "power.cap", "power.limit")
+    pcies, downs = _of(t.findings, "pcie.width", "pcie.gen"), _of(t.findings, "nvlink.link_down", "nvlink.speed")
     for g in t.gpus:
         info_ = models.get(g.index)
         model = T(short_model(info_.model if info_ else None))
@@ -107,21 +123,20 @@ def gpu_table(view: NodeView) -> Table | Text:
         util = T("–" if g.utilization_pct is None else f"{g.utilization_pct:.0f}%", pct_style(g.utilization_pct))
         temp = T("–", DIM)
         if known(g.temperature_c):
-            st = BAD if g.temperature_c >= CRIT_C else WARN if g.temperature_c >= HOT_C else ""
+            st = _judged(temps, "", gpu=g.index)
             temp = T((f"{SYMBOL[st]} " if st else "") + f"{g.temperature_c:.0f}°C", st)
         power = T(f"{g.power_w or 0:.0f}/{g.power_limit_w or 0:.0f}" if known(g.power_w) else "–")
-        ref = (facts.gpus.get(g.index) or facts.fallback).power_ref_w if facts is not None else None
-        if ref and g.power_limit_w and g.power_limit_w < 0.95 * ref:
-            power = T(f"{SYMBOL[WARN]} {g.power_w or 0:.0f}/{g.power_limit_w:.0f} cap", WARN)
+        if st := _judged(powers, "", gpu=g.index):
+            power = T(f"{SYMBOL[st]} {g.power_w or 0:.0f}/{g.power_limit_w or 0:.0f} cap", st)
         pcie = T("–", DIM)
         if g.pcie_gen is not None and g.pcie_width is not None:
-            want_w = (facts.gpus.get(g.index) or facts.fallback).want_width if facts is not None else 0
-            bad = 0 < g.pcie_width < want_w
-            pcie = T(f"{SYMBOL[BAD if bad else OK]} Gen{g.pcie_gen} x{g.pcie_width}", BAD if bad else OK)
+            st = _judged(pcies, OK, gpu=g.index)
+            pcie = T(f"{SYMBOL[st]} Gen{g.pcie_gen} x{g.pcie_width}", st)
         up = len(g.link_tx_pct) - len(g.links_down) - len(g.links_unknown)
         want = _want_links(view, g.index)
-        links = T(f"{SYMBOL[BAD if g.links_down else OK]} {up}/{want if want is not None else len(g.link_tx_pct)}",
-                  BAD if g.links_down else OK) if g.link_tx_pct else T("–", DIM)
+        st = _judged(downs, OK, gpu=g.index)
+        links = T(f"{SYMBOL[st]} {up}/{want if want is not None else len(g.link_tx_pct)}",
+                  st) if g.link_tx_pct else T("–", DIM)
         events = []
         nerr = sum(d for kinds in g.link_errors.values() for d in kinds.values())
         if nerr:
@@ -158,9 +173,11 @@ def link_grid(view: NodeView) -> Text:
         return out
     width = max(len(g.link_tx_pct) for g in t.gpus)
     out.append("      " + "".join(f"{n % 100:>2}"[-2:] + " " for n in range(width)) + "\n", DIM)
+    downs = _of(t.findings, "nvlink.link_down")
     for g in t.gpus:
         out.append(f"GPU{g.index:<3}", "bold")
-        want = _want_links(view, g.index)
+        # The links the node's audit found down (a shortfall without link numbers: all inactive ones).
+        judged = {f.link for f in downs if f.gpu == g.index}
         for n in range(width):
             if g.lost:
                 out.append(" ✗ ", BAD)
@@ -171,7 +188,7 @@ def link_grid(view: NodeView) -> Text:
             tx, rx = g.link_tx_pct[n], g.link_rx_pct[n] if n < len(g.link_rx_pct) else None
             pct = max((v for v in (tx, rx) if v is not None), default=None)
             if n in g.links_down:
-                cell, style = (" ✗ ", BAD) if want is None or n < want else (" · ", DIM)
+                cell, style = (" ✗ ", BAD) if n in judged or None in judged else (" · ", DIM)
             elif n in g.links_unknown:
                 cell, style = " ? ", WARN
             elif n in g.link_errors:
@@ -198,11 +215,12 @@ def topology(view: NodeView) -> Text:
     node_spec = inv.spec.get("node") if isinstance(inv.spec, dict) else None
     want = node_spec.get("topology") if isinstance(node_spec, dict) else None
     if want is None and view.facts is not None and view.facts.fallback.spec is not None:
-        want = view.facts.fallback.spec.board
-    if want == inv.topology_class:
-        style = OK
-    elif want in ("nvswitch", "mesh") and inv.topology_class in ("pairs", "partial", "none"):
-        style = BAD
+        want = view.facts.fallback.spec.board  # shown beside the class; the verdict is the node's audit
+    judged = _judged(_of(view.tick.findings, "nvlink.topology"), "") if view.tick is not None else ""
+    if judged:
+        style = judged
+    elif style == BAD:
+        style = WARN  # a board that is not all-to-all is worth a look; only the audit calls it a fault
     out.append(f"{SYMBOL.get(style, ' ')} {words} ", style)
     out.append(f"[class {cls}" + (f", spec {clean(want, 16)}]" if want else "]"), DIM)
     if inv.nvswitches:
@@ -229,10 +247,8 @@ def ib_table(view: NodeView) -> Table | Text:
     if inv is None or not inv.ib:
         return Text("InfiniBand: no ports in the inventory", style=DIM)
     ticks = {p.index: p for p in t.ib} if t is not None else {}
-    node_spec = inv.spec.get("node") if isinstance(inv.spec, dict) else None
-    want = node_spec.get("ib_rate_gbps") if isinstance(node_spec, dict) else None
-    want = want if isinstance(want, (int, float)) and not isinstance(want, bool) else \
-        max((p.rate_gbps or 0 for p in inv.ib), default=0) or None
+    findings = t.findings if t is not None else ()
+    downs, rates = _of(findings, "ib.port_down"), _of(findings, "ib.rate")
     table = _table("#", "port", "layer", "state", "rate", "tx/rx GB/s", "errors rising", title="InfiniBand")
     for i, p in enumerate(inv.ib):
         tk = ticks.get(i)
@@ -240,25 +256,22 @@ def ib_table(view: NodeView) -> Table | Text:
         phys = (tk.phys_state or "") if tk else ""
         up = state.upper() == "ACTIVE" and (not phys or phys.lower() == "linkup")
         rate = tk.rate_gbps if tk is not None and tk.rate_gbps is not None else p.rate_gbps
-        slow = up and want and rate and rate < want
-        eth = (p.link_layer or "").lower() == "ethernet"
-        st = BAD if not up else WARN if slow or eth else OK
+        slow = _judged(rates, "", device=p.device, port=p.port)  # below rate, or Ethernet where IB is expected
+        st = _judged(downs, slow or OK, device=p.device, port=p.port)
         errs = ", ".join(f"{clean(k, 24)} +{v}" for k, v in tk.errors_delta.items()) if tk else ""
-        table.add_row(T(str(i)), T(f"{p.device}:{p.port}"), T(p.link_layer or "?", WARN if eth else ""),
+        table.add_row(T(str(i)), T(f"{p.device}:{p.port}"), T(p.link_layer or "?", slow),
                       T(f"{SYMBOL[st]} {state}" + (f"/{phys}" if phys and not up else ""), st),
-                      T(f"{rate:.0f}G" if rate else "–", WARN if slow else ""),
+                      T(f"{rate:.0f}G" if rate else "–", slow),
                       T(f"{gbs(tk.tx_bytes_per_s)}/{gbs(tk.rx_bytes_per_s)}" if tk else "–"),
                       T(errs or "–", WARN if errs else DIM))
     return _fit(table)
 
 
-def _pcie_cell(gen, width, max_gen, max_width, judge_gen: bool = False) -> Text:
+def _pcie_cell(gen, width, max_gen, max_width, st: str) -> Text:
+    """'✓ Gen5 x16 of Gen5 x16', marked `st` (the style of the node's findings for that link)."""
     if gen is None or width is None:
         return T(f"– (max Gen{max_gen or '?'} x{max_width or '?'})", DIM)
-    narrow = bool(max_width and 0 < width < max_width)
-    slow = bool(judge_gen and max_gen and gen < max_gen)
-    st = BAD if narrow else WARN if slow else OK
-    return T(f"{SYMBOL[st]} Gen{gen} x{width} of Gen{max_gen or '?'} x{max_width or '?'}", st)
+    return T((f"{SYMBOL[st]} " if st else "") + f"Gen{gen} x{width} of Gen{max_gen or '?'} x{max_width or '?'}", st)
 
 
 def pcie_table(view: NodeView) -> Table | Text:
@@ -267,23 +280,24 @@ def pcie_table(view: NodeView) -> Table | Text:
         return Text("PCIe: no inventory yet", style=DIM)
     ticks = {g.index: g for g in t.gpus} if t is not None else {}
     table = _table("device", "bus id", "link now / max", "tx/rx GB/s", "replays", title="PCIe")
-    facts = view.facts
+    pcies = _of(t.findings, "pcie.width", "pcie.gen") if t is not None else []
     for g in inv.gpus:
         tk = ticks.get(g.index)
-        want = (facts.gpus.get(g.index) or facts.fallback).want_width if facts is not None else g.pcie.max_width
         table.add_row(T(f"GPU{g.index}", "bold"), T(g.bus_id or "?"),
                       _pcie_cell(tk.pcie_gen if tk else None, tk.pcie_width if tk else None, g.pcie.max_gen,
-                                 want or g.pcie.max_width),
+                                 g.pcie.max_width, _judged(pcies, OK, gpu=g.index)),
                       T(f"{gbs(tk.pcie_tx_bytes_per_s)}/{gbs(tk.pcie_rx_bytes_per_s)}" if tk else "–"),
                       T(f"+{tk.pcie_replay_delta}" if tk and tk.pcie_replay_delta else "–",
                         WARN if tk and tk.pcie_replay_delta else DIM))
     for p in inv.ib:
         table.add_row(T(f"HCA {p.device}:{p.port}", "bold"), T(p.bus_id or "?"),
-                      _pcie_cell(p.pcie.gen, p.pcie.width, p.pcie.max_gen, p.pcie.max_width, judge_gen=True),
+                      _pcie_cell(p.pcie.gen, p.pcie.width, p.pcie.max_gen, p.pcie.max_width,
+                                 _judged(pcies, OK, gpu=None, device=p.device, port=None)),
                       T("–", DIM), T("–", DIM))
     for s in inv.nvswitches:
         table.add_row(T(f"NVSwitch ({clean(s.kind, 16)})", "bold"), T(s.bus_id),
-                      _pcie_cell(s.pcie.gen, s.pcie.width, s.pcie.max_gen, s.pcie.max_width), T("–", DIM),
+                      _pcie_cell(s.pcie.gen, s.pcie.width, s.pcie.max_gen, s.pcie.max_width, ""),  # not judged
+                      T("–", DIM),
                       T("–", DIM))
     return _fit(table)
 

@@ -12,14 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nvmon.audit import Thresholds
 from nvmon.fleet.state import Liveness, NodeView
 from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, Segment, age, clean, gbs, known, kw, \
     short_model
 
-T = Thresholds()
-HOT_C = T.temperature_c  # ⚠ from the audit's thermal threshold
-CRIT_C = 95.0  # ✗: at the GPUs' slowdown range
 NONE: tuple[Segment, ...] = (("–", DIM),)
 _LAST = float("inf")
 
@@ -36,6 +32,13 @@ class Column:
 
 def _mark(style: str, text: str) -> tuple[Segment, ...]:
     return ((f"{SYMBOL[style]} {text}", style),)
+
+
+def _judged(v: NodeView, column: str, healthy: str = OK) -> str:
+    """The style of a column: the worst severity of the node's findings it shows (the node's own
+    audit, carried on each sample), else `healthy`. Views never judge values themselves."""
+    sev = v.summary.marks.get(column) if v.summary is not None else None
+    return SEVERITY_STYLE.get(sev, healthy) if sev is not None else healthy
 
 
 # --- cells -------------------------------------------------------------------------------------
@@ -63,7 +66,8 @@ def c_gpus(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     model = short_model(s.gpu_model)
     if s.gpus_lost:
         return _mark(BAD, f"{s.gpu_count - s.gpus_lost}/{s.gpu_count}×{model}")
-    return ((f"{s.gpu_count}×{model}", ""),)
+    style = _judged(v, "gpus", "")
+    return _mark(style, f"{s.gpu_count}×{model}") if style else ((f"{s.gpu_count}×{model}", ""),)
 
 
 def c_nvlink(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -92,39 +96,22 @@ def c_links(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     want = "?" if s.links_expected is None else str(s.links_expected)
     err = nvlink_error_rate(v)
     topo = v.inventory.topology_class if v.inventory is not None else None
-    if topo in SPLIT_TOPOLOGIES:  # every link up, yet not all-to-all: the "fake 8-card NVLink" box
-        style = BAD if s.links_down or _expected_topology(v) == "nvswitch" else WARN
-        head = _mark(style, f"{topo} {s.links_active}/{want}")
+    style = _judged(v, "links")
+    if topo in SPLIT_TOPOLOGIES:  # every link up, yet not all-to-all: named, whatever the audit says
+        head = _mark(WARN if style == OK else style, f"{topo} {s.links_active}/{want}")
     else:
-        head = _mark(BAD if s.links_down else OK, f"{s.links_active}/{want}")
+        head = _mark(style, f"{s.links_active}/{want}")
     return head + (((f" ⚠{err:.0f}/s", WARN),) if err > 0 else ())
 
 
 SPLIT_TOPOLOGIES = ("pairs", "partial")
 
 
-def _expected_topology(v: NodeView) -> str | None:
-    node = v.inventory.spec.get("node") if v.inventory is not None and isinstance(v.inventory.spec, dict) else None
-    want = node.get("topology") if isinstance(node, dict) else None
-    return want if isinstance(want, str) else None
-
-
 def c_pcie(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     s = v.summary
     if s is None or s.pcie_worst is None:
         return NONE
-    if s.pcie_degraded:
-        return _mark(BAD, s.pcie_worst.replace(" on GPU ", " GPU"))
-    return _mark(OK, s.pcie_worst)
-
-
-def _ib_want_rate(v: NodeView) -> float | None:
-    node = v.inventory.spec.get("node") if v.inventory is not None and isinstance(v.inventory.spec, dict) else None
-    rate = node.get("ib_rate_gbps") if isinstance(node, dict) else None
-    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
-        return float(rate)
-    rates = [p.rate_gbps for p in v.inventory.ib if p.rate_gbps] if v.inventory is not None else []
-    return max(rates) if rates else None
+    return _mark(_judged(v, "pcie"), s.pcie_worst.replace(" on GPU ", " GPU"))
 
 
 def c_ib(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -133,13 +120,9 @@ def c_ib(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         return (("no IB", DIM),)
     want = "?" if s.ib_expected is None else str(s.ib_expected)
     rate = f" {s.ib_min_rate_gbps:.0f}G" if known(s.ib_min_rate_gbps) else ""
-    want_rate = _ib_want_rate(v)
-    style = OK
-    if s.ib_expected is not None and s.ib_up < s.ib_expected:
-        style = BAD
-    elif s.ib_ethernet or (want_rate and known(s.ib_min_rate_gbps) and s.ib_min_rate_gbps < want_rate):
-        style = WARN
-    return _mark(style, f"{s.ib_up}/{want}{rate}") + (((f" +{s.ib_ethernet}eth", WARN),) if s.ib_ethernet else ())
+    style = _judged(v, "ib")
+    return _mark(style, f"{s.ib_up}/{want}{rate}") + (
+        ((f" +{s.ib_ethernet}eth", DIM if style == OK else style),) if s.ib_ethernet else ())
 
 
 def c_power(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -147,8 +130,9 @@ def c_power(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     if s is None or not known(s.power_w):
         return NONE
     text = f"{kw(s.power_w)}/{kw(s.power_limit_w)}kW"
-    if s.power_capped:
-        return _mark(WARN, text) + ((f" cap{s.power_capped}", WARN),)
+    style = _judged(v, "power", "")
+    if style:
+        return _mark(style, text) + (((f" cap{s.power_capped}", style),) if s.power_capped else ())
     return ((text, ""),)
 
 
@@ -157,11 +141,8 @@ def c_temp(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     if s is None or not known(s.hottest_c):
         return NONE
     text = f"{s.hottest_c:.0f}°C G{s.hottest_gpu}"
-    if s.hottest_c >= CRIT_C:
-        return _mark(BAD, text)
-    if s.hottest_c >= HOT_C:
-        return _mark(WARN, text)
-    return ((text, ""),)
+    style = _judged(v, "temp", "")
+    return _mark(style, text) if style else ((text, ""),)
 
 
 def c_alerts(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -227,12 +208,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("status", "Status", 11, c_status, s_status, "✓ online, ⚠ stale (no tick for 3 intervals), ✗ lost/off, with age"),
     Column("alerts", "Alerts", 9, c_alerts, s_alerts, "active alerts: ✗ critical, ⚠ warning, ℹ info"),
     Column("links", "Links", 16, c_links, s_links, "NVLink links active / expected, ⚠ error counters rising per s"),
-    Column("pcie", "PCIe worst", 14, c_pcie, s_pcie, "worst GPU PCIe link; ✗ narrower than spec or slow under load"),
-    Column("ib", "IB up", 11, c_ib, s_ib, "IB ports up / expected and slowest rate; ⚠ below spec rate"),
+    Column("pcie", "PCIe worst", 14, c_pcie, s_pcie, "the GPU PCIe link the node's audit found short, else the lowest"),
+    Column("ib", "IB up", 11, c_ib, s_ib, "IB ports up / expected and slowest rate; ⚠/✗ the node's IB and HCA findings"),
     Column("nvlink", "NVLink GB/s", 11, c_nvlink, _summary_num("nvlink_bytes_per_s"),
            "NVLink TX+RX over all GPUs and links, and % of the model's spec"),
-    Column("power", "GPU power", 16, c_power, _summary_num("power_w"), "GPU draw / sum of limits, ⚠ capN: capped GPUs"),
-    Column("temp", "Hottest", 9, c_temp, _summary_num("hottest_c"), f"hottest GPU (⚠ ≥ {HOT_C:.0f} °C, ✗ ≥ {CRIT_C:.0f} °C)"),
+    Column("power", "GPU power", 16, c_power, _summary_num("power_w"),
+           "GPU draw / sum of limits, ⚠ capN: GPUs with a power.cap or power.limit finding"),
+    Column("temp", "Hottest", 9, c_temp, _summary_num("hottest_c"), "hottest GPU; ⚠ a thermal finding on the node"),
     Column("gpus", "GPUs", 16, c_gpus, s_gpus, "GPU count × model (✗ when GPUs fell off the bus)"),
     Column("rack", "Rack", 8, c_rack, lambda v, live: (v.rack is None, clean(v.rack or "")), "rack from the inventory"),
 )
@@ -260,9 +242,7 @@ def is_problem(v: NodeView, live: Liveness) -> bool:
         return False
     if v.inventory is not None and v.inventory.topology_class in SPLIT_TOPOLOGIES:
         return True
-    return bool(s.gpus_lost or s.links_down or s.pcie_degraded or s.power_capped or s.ib_ethernet
-                or (s.ib_expected is not None and s.ib_up < s.ib_expected) or nvlink_error_rate(v) > 0
-                or (known(s.hottest_c) and s.hottest_c >= HOT_C))
+    return bool(s.marks or s.gpus_lost)
 
 
 def haystack(v: NodeView) -> str:
