@@ -29,16 +29,14 @@ from typing import Any, NamedTuple
 
 from nvmon.alerts.model import AlertRecord, fingerprint
 from nvmon import xid as xids
-from nvmon.alerts.settings import AlertsSettings
-from nvmon.audit import RULES, Finding, Judge, Thresholds
+from nvmon.alerts.settings import NODE_RULES, RATE_CODES, AlertsSettings
+from nvmon.audit import Finding, Judge, Thresholds
 from nvmon.codes import NODE_CODES
 from nvmon.model import Sample, to_jsonable
 from nvmon.specs import NodeSpec
 
 log = logging.getLogger("nvmon.alerts")
 
-SKIPPED = frozenset({"nvlink.board", "gpu.model"})  # facts about the board, not faults
-RATE_CODES = frozenset({"nvlink.errors", "pcie.replay", "ib.errors", "gpu.xid"})
 # Built-in settings of a rule, between a config override and the `[alerts]` defaults.
 RULE_DEFAULTS: dict[str, dict[str, float]] = {"gpu.xid": {"for_s": 0.0, "window_s": 600.0, "min_count": 1}}
 PER_FINDING_SEVERITY = frozenset({"gpu.xid"})  # severity from the finding (its Xid) unless overridden
@@ -49,9 +47,6 @@ GRACE_CODES = frozenset({"nvlink.link_down", "nvlink.topology", "nvlink.speed", 
 _GPU_SCOPED = ("gpu.", "nvlink.", "pcie.", "power.", "thermal")  # judged from NVML
 
 RUNBOOKS: dict[str, str] = {code: c.runbook for code, c in NODE_CODES.items()}  # one table: nvmon.codes
-
-NODE_RULES: dict[str, str] = {code: sev for code, sev in RULES.items() if code not in SKIPPED}  # code → severity
-
 
 @dataclass(frozen=True, slots=True)
 class RuleSpec:

@@ -12,7 +12,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from nvmon.audit import RULES
+
 WEEK_S = 7 * 86400.0
+# Which node rules there are: here, not in nvmon.alerts.rules (which builds them from these
+# settings), so that checking `[alerts.rules."CODE"]` needs no import back up.
+SKIPPED = frozenset({"nvlink.board", "gpu.model"})  # facts about the board, not faults
+RATE_CODES = frozenset({"nvlink.errors", "pcie.replay", "ib.errors", "gpu.xid"})  # counter rules
+NODE_RULES: dict[str, str] = {code: sev for code, sev in RULES.items() if code not in SKIPPED}  # code → severity
 
 
 class _Strict(BaseModel):
@@ -46,8 +53,6 @@ class AlertsSettings(_Strict):
     @field_validator("rules")
     @classmethod
     def _known_rules(cls, v: dict[str, RuleOverride]) -> dict[str, RuleOverride]:
-        from nvmon.alerts.rules import NODE_RULES, RATE_CODES
-
         for code, o in v.items():
             if code not in NODE_RULES:
                 raise ValueError(f"unknown rule {code!r}; known: {', '.join(sorted(NODE_RULES))}")
