@@ -1,6 +1,6 @@
 """The `nvmon` command line: the front ends over the library, one module per command or group.
 
-    main.py     the root group, `main()` (the console entry point `nvmon.cli:main`), registration
+    root.py     the root group, `main()` (the console entry point `nvmon.cli:main`), registration
     common.py   what the commands share: the one error class (`NvmonError`), option checks
     node.py     sample, audit, daemon, profiles: the commands run on a node
     alerts.py   alerts (list, ack, silence, silences, unsilence)     hooks.py    hooks test
@@ -11,6 +11,6 @@
 Nothing below this package imports it (tests/test_layers.py); it may import any layer.
 """
 
-from nvmon.cli.main import cli, main
+from nvmon.cli.root import cli, main
 
 __all__ = ["cli", "main"]
