@@ -97,8 +97,8 @@ def test_a_function_the_bindings_lack_with_no_fallback_is_unsupported_not_an_err
         assert s.nvml.capabilities["unsupported"]["temperature"] == list(range(8))
         assert s.nvml.capabilities["bindings"]["absent"][TEMP_V] == "temperature"
         assert all(g.power_w is not None and g.utilization_pct is not None for g in s.gpus)
-        # an absent function costs no NVML call: at most the 2 per GPU per tick of the budget
-        assert sampler.nvml.calls[0] - before <= 2 * 8 * 25
+        # an absent function costs no NVML call: at most the 3 per GPU per tick of the budget
+        assert sampler.nvml.calls[0] - before <= 3 * 8 * 25
 
 
 def test_event_functions_the_bindings_lack_mean_no_xid_events_not_a_crash():

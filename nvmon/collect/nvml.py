@@ -1,11 +1,13 @@
 """GPU collector over NVML, through the official bindings passed in as a module (`pynvml`).
 
 Cost model (bench/sample_cost.py measures it): static facts — names, UUIDs, limits, PCIe maxima,
-the NVLink map — are read once. Each steady-state tick costs each GPU one
-`nvmlDeviceGetFieldValues` (energy, PCIe bytes and replays, and per link: state, speed, TX/RX
-payload KiB, replay/recovery/CRC counters) plus ONE getter taken in turn from a rotation in which
-throttle reasons and utilization come every 2–3 ticks and temperature, PCIe gen/width and the
-enforced power limit every 20 (they change slowly, and a value not re-read is carried over).
+clock maxima, the NVLink map — are read once. Each steady-state tick costs each GPU one
+`nvmlDeviceGetFieldValues` (energy, PCIe bytes and replays, memory temperature, and per link:
+state, speed, TX/RX payload KiB, replay/recovery/CRC counters) plus ONE getter taken in turn from a
+rotation in which throttle reasons and utilization come every 2–3 ticks and temperature, PCIe
+gen/width and the enforced power limit every 20 (they change slowly, and a value not re-read is
+carried over), plus ONE from a second rotation of the values NVML has no field id for: SM clock and
+framebuffer memory every 2–3 ticks, memory clock every 5 (3 calls per GPU per tick in all).
 Power is the energy counter's slope over the interval, i.e. the true average.
 Xid critical-error events come from one NVML event set per node (`nvml_events`), drained without
 blocking once a tick: +1 NVML call per node per tick (+1 per event), counted apart in `event_calls`.
@@ -38,6 +40,9 @@ from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus,
 LINK_KEYS = ("state", "speed", "tx", "rx") + NVLINK_ERROR_KINDS
 ROTATION = ("throttle", "utilization", "throttle", "utilization", "slow")
 SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
+# Clocks and framebuffer memory: a second rotation beside the first, one getter a tick (the SM clock
+# and memory every 2-3 ticks, the memory clock, which HBM keeps fixed, every 5).
+CLOCKS = ("sm_clock", "memory", "sm_clock", "memory", "mem_clock")
 LOST_RETRY_TICKS = 30
 MAX_ERROR_MAPS = 512  # per GPU, cleared when full: ~150 KB at most, even with every link erroring
 
@@ -72,6 +77,8 @@ class _Gpu:
     max_gen: int | None = None
     device_max_gen: int | None = None
     max_width: int | None = None
+    sm_max_hz: int | None = None
+    mem_max_hz: int | None = None
     link_count: int = 0
     links: list[_Link] = field(default_factory=list)
     # The links' static facts as columns (number, version, remote type, remote bus id), for _assemble.
@@ -210,6 +217,8 @@ class NvmlCollector:
             g.max_gen = _num(g.ask("pcie_max_gen", handle))
             g.device_max_gen = _num(g.ask("pcie_gpu_max_gen", handle))
             g.max_width = _num(g.ask("pcie_max_width", handle))
+            g.sm_max_hz = _num(g.ask("sm_clock_max", handle, self.nvml.NVML_CLOCK_SM), 1_000_000)
+            g.mem_max_hz = _num(g.ask("mem_clock_max", handle, self.nvml.NVML_CLOCK_MEM), 1_000_000)
             self._open_links(g)
             self.events.register(g)
         except _Lost:
@@ -218,10 +227,11 @@ class NvmlCollector:
         g.lost = False
         g.rotation = itertools.cycle(ROTATION)
         g.last["slow"] = itertools.cycle(SLOW)
+        g.last["clocks"] = itertools.cycle(CLOCKS)
         self._build_request(g)
         # Probe tick: read every rotated value once so the first sample is complete.
         try:
-            for what in ("throttle", "utilization") + SLOW:
+            for what in ("throttle", "utilization") + SLOW + ("sm_clock", "mem_clock", "memory"):
                 self._read_getter(g, what)
         except _Lost:
             g.lost = True
@@ -267,7 +277,8 @@ class NvmlCollector:
     def _build_request(self, g: _Gpu) -> None:
         req, layout = [], []
         for key, name in (("energy", F.FI_TOTAL_ENERGY), ("pcie_replay", F.FI_PCIE_REPLAY),
-                          ("pcie_tx", F.FI_PCIE_TX_BYTES), ("pcie_rx", F.FI_PCIE_RX_BYTES)):
+                          ("pcie_tx", F.FI_PCIE_TX_BYTES), ("pcie_rx", F.FI_PCIE_RX_BYTES),
+                          ("memory_temp", F.FI_MEMORY_TEMP)):
             fid = self._field_id(g, name, key)
             if fid is not None:
                 req.append(fid)
@@ -312,6 +323,12 @@ class NvmlCollector:
             g.last[what] = _num(g.ask(what, h))
         elif what == "power_limit" or what == "power":  # power: when the energy counter is unsupported
             g.last[what] = _num(g.ask(what, h), 1e-3)
+        elif what == "sm_clock" or what == "mem_clock":
+            clock = self.nvml.NVML_CLOCK_SM if what == "sm_clock" else self.nvml.NVML_CLOCK_MEM
+            g.last[what] = _num(g.ask(what, h, clock), 1_000_000)  # MHz → Hz
+        elif what == "memory":
+            v = g.ask(what, h, self.nvml.nvmlMemory_v2)
+            g.last[what] = None if isinstance(v, NoValue) else (v.used, v.free, v.total)
         elif what == "nvlink_state_getter":  # fallback when the state field is unsupported
             g.last[what] = [g.ask(what, h, lk) for lk in range(g.link_count)]
 
@@ -351,6 +368,7 @@ class NvmlCollector:
         if what == "slow":
             what = next(g.last["slow"])
         self._read_getter(g, what)
+        self._read_getter(g, next(g.last["clocks"]))
         if got is None or isinstance(got, NoValue):
             n = len(g.layout)  # the whole call failed: every entry unread this tick
             got = Readings([nv.NVML_ERROR_UNKNOWN] * n, [0] * n, [None] * n)
@@ -463,6 +481,7 @@ class NvmlCollector:
                 versions, [sp or None for sp in ss[1::2]], remote_types, remote_ids,
                 rates[0::2], rates[1::2], errors, deltas))
         energy = value("energy")
+        memory = g.last.get("memory") or (None, None, None)
         return GpuSample(
             index=g.index, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id, lost=False,
             power_w=power, power_limit_w=g.last.get("power_limit"), power_default_limit_w=g.default_limit_w,
@@ -470,6 +489,9 @@ class NvmlCollector:
             temperature_c=g.last.get("temperature"), utilization_pct=g.last.get("utilization"),
             throttle_reasons=g.last.get("throttle"), pcie=pcie, nvlink=tuple(links),
             nvlink_count=g.link_count, notes=tuple(g.notes.values()),
+            sm_clock_hz=g.last.get("sm_clock"), sm_clock_max_hz=g.sm_max_hz, mem_clock_hz=g.last.get("mem_clock"),
+            mem_clock_max_hz=g.mem_max_hz, fb_used_bytes=memory[0], fb_free_bytes=memory[1],
+            fb_total_bytes=memory[2], memory_temperature_c=value("memory_temp"),
         )
 
 

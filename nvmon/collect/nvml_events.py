@@ -14,7 +14,7 @@ NVML calls (pynvml 13, checked against the installed `pynvml.py`; NVML-FACTS §4
 * `nvmlEventSetFree(set)` at close.
 
 Cost: the wait is per node, not per GPU — 1 NVML call per tick (+1 per event). It is counted in
-`calls` here, apart from the per-GPU calls of `NvmlCollector.calls`, so the "2 calls per GPU per
+`calls` here, apart from the per-GPU calls of `NvmlCollector.calls`, so the "3 calls per GPU per
 tick" budget stays a per-GPU figure.
 
 The event's `device` is a device handle; it is mapped back to the GPU index by the handle's address

@@ -17,6 +17,7 @@ FI_LINK_COUNT = "NVML_FI_DEV_NVLINK_LINK_COUNT"  # links present; read before pr
 FI_PCIE_REPLAY = "NVML_FI_DEV_PCIE_REPLAY_COUNTER"
 FI_PCIE_TX_BYTES = "NVML_FI_DEV_PCIE_COUNT_TX_BYTES"  # bytes, cumulative ("can be wrapped")
 FI_PCIE_RX_BYTES = "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"
+FI_MEMORY_TEMP = "NVML_FI_DEV_MEMORY_TEMP"  # °C, a gauge ("Memory temperature for the device")
 
 # Per-link fields: "Link ID needs to be specified in the scopeId field" (nvml.h, THROUGHPUT group).
 FI_LINK_STATE = "NVML_FI_DEV_NVLINK_GET_STATE"  # INACTIVE=0 ACTIVE=1 SLEEP=2 ACTIVE_TRAFFIC_DISABLED=3
@@ -65,6 +66,13 @@ FUNCTIONS = {
     "pcie_width": ("nvmlDeviceGetCurrPcieLinkWidth",),
     "power_limit": ("nvmlDeviceGetEnforcedPowerLimit",),
     "power": ("nvmlDeviceGetPowerUsage",),  # fallback when the energy counter is unsupported
+    # clocks, MHz, by nvmlClockType_t (NVML_CLOCK_SM / NVML_CLOCK_MEM), and framebuffer memory
+    # (nvmlMemory_v2: total, reserved, free, used in bytes): a second rotation; the maxima once
+    "sm_clock": ("nvmlDeviceGetClockInfo",),
+    "mem_clock": ("nvmlDeviceGetClockInfo",),
+    "memory": ("nvmlDeviceGetMemoryInfo",),
+    "sm_clock_max": ("nvmlDeviceGetMaxClockInfo",),
+    "mem_clock_max": ("nvmlDeviceGetMaxClockInfo",),
     "nvlink_state_getter": ("nvmlDeviceGetNvLinkState",),  # fallback when the state field is unsupported
     # Xid events (nvml_events)
     "xid_events": ("nvmlDeviceRegisterEvents",),
