@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from nvmon.catalog import GPU_WIRE_READ
 from nvmon.codes import Severity
 from nvmon.fleet.state import NodeView
 from nvmon.tui.rows import c_status
@@ -149,6 +150,28 @@ def gpu_table(view: NodeView) -> Table | Text:
                       T(f"{gbs(g.pcie_tx_bytes_per_s)}/{gbs(g.pcie_rx_bytes_per_s)}"),
                       T(f"{gbs(g.nvlink_tx_bytes_per_s)}/{gbs(g.nvlink_rx_bytes_per_s)}"), links,
                       T("  ".join(events), WARN if nerr or g.pcie_replay_delta else DIM))
+    return _fit(table)
+
+
+# How a catalog metric is shown, by its `fmt` (nvmon.catalog): values arrive in the metric's units.
+_FORMATS = {"mhz": lambda v: f"{v / 1e6:.0f} MHz", "mib": lambda v: f"{v / 2**30:.1f} GiB",
+            "c": lambda v: f"{v:.0f}°C"}
+
+
+def metrics_table(view: NodeView) -> Table | Text:
+    """The per-GPU values the wire carries through the catalog (clocks, framebuffer, memory
+    temperature, and any metric added there later), one column each, labelled by the catalog."""
+    t = view.tick
+    shown = [m for m in GPU_WIRE_READ if t is not None and any(m.name in g.values for g in t.gpus)]
+    if not shown:
+        return Text("")
+    table = _table("GPU", *(m.label for m in shown), title="Clocks and memory")
+    for g in t.gpus:
+        cells = []
+        for m in shown:
+            v = g.values.get(m.name)
+            cells.append(T("–", DIM) if not known(v) else T(_FORMATS.get(m.fmt, str)(v)))
+        table.add_row(T(str(g.index), "bold"), *cells)
     return _fit(table)
 
 
@@ -322,5 +345,5 @@ def alerts_block(view: NodeView, now: float) -> Text:
 
 def sections(view: NodeView, now: float) -> Group:
     gap = Text(" ")
-    return Group(gpu_table(view), gap, link_grid(view), gap, topology(view), gap, ib_table(view), gap,
-                 pcie_table(view))
+    return Group(gpu_table(view), gap, metrics_table(view), gap, link_grid(view), gap, topology(view), gap,
+                 ib_table(view), gap, pcie_table(view))
