@@ -3,9 +3,10 @@
 Each module is mapped to a unit (the longest prefix in LAYERS). An import may go to a module of
 the same unit, or to a unit that sits lower: a lower layer, or an earlier group of the same layer
 (the order inside a layer is declared by the groups, so a same-layer edge is allowed only where it
-is written down here). Units in one group may not import each other. Also checked: no import
-cycle between modules, none between packages (nvmon.store, nvmon.alerts, ...), and no module over
-MAX_LINES.
+is written down here). Units in one group may not import each other, and only the programs
+import the hardware layer (the layers between read the Sample, not the collector). Also checked:
+no import cycle between modules, none between packages (nvmon.store, nvmon.alerts, ...), and no
+module over MAX_LINES.
 
 Which imports count: every `import` / `from ... import` anywhere in a module, at module level,
 inside functions and under `if TYPE_CHECKING:` alike. A lazy import still ties the two modules
@@ -61,6 +62,9 @@ LAYERS: list[tuple[str, list[list[str]]]] = [
         ["nvmon.__main__"],  # python -m nvmon
     ]),
 ]
+# Hardware is driven, not read: between it and the programs that run it, layers read the Sample
+# (nvmon.model), never the collector or the simulator, so only these layers import them.
+DRIVES_HARDWARE = ("hardware", "programs")
 MAX_LINES = 500
 # Modules over MAX_LINES when this test was written, each held at its size then: they may shrink,
 # not grow. Split them and delete the entry.
@@ -123,7 +127,7 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[
                 target = _resolve(name, modules)
                 if target is not None and target != module:
                     out.append((target, node.lineno))
-    return out
+    return list(dict.fromkeys(out))  # `from m import a, b` is one edge
 
 
 def unit_of(module: str, ranks: dict) -> str | None:
@@ -171,6 +175,10 @@ def layer_violations(modules: dict[str, Path], edges: dict[str, list[tuple[str, 
                     continue
                 (la, ga, layer_a), (lb, gb, layer_b) = ranks[u], ranks[t]
                 if (lb, gb) < (la, ga):
+                    if layer_b == "hardware" and layer_a not in DRIVES_HARDWARE:
+                        problems.append(f"{modules[src].relative_to(root)}:{line}: {src} imports {target}{via}: "
+                                        f"{u} -> {t} ('{layer_a}' reads the Sample: names it needs belong in "
+                                        f"nvmon.model, only {' and '.join(DRIVES_HARDWARE)} import the hardware)")
                     continue
                 where = (f"same layer '{layer_a}', group {gb + 1} vs {ga + 1}" if la == lb
                          else f"'{layer_a}' -> '{layer_b}' runs up")
@@ -316,18 +324,24 @@ def test_checker_sees_lazy_type_only_and_relative_imports(tmp_path):
         "store/__init__.py": "from nvmon.store.store import Store\n",
         "store/store.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nvmon.alerts.engine import X\n"
                            "def f():\n    from ..alerts import engine\n    from . import codec\n"),
-        "store/codec.py": "from .. import model\n",
+        "store/codec.py": "from .. import model\nfrom nvmon.collect.sysfs import IB_STATES\n",
+        "collect/__init__.py": "",
+        "collect/sysfs.py": "",
         "alerts/__init__.py": "",
         "alerts/engine.py": "import nvmon.store.codec\n",
     })
     modules, edges = graph(root)
     assert sorted(edges["nvmon.store.store"]) == [("nvmon.alerts.engine", 3), ("nvmon.alerts.engine", 5),
                                                   ("nvmon.store.codec", 6)]
-    assert edges["nvmon.store.codec"] == [("nvmon.model", 1)]
+    assert edges["nvmon.store.codec"] == [("nvmon.model", 1), ("nvmon.collect.sysfs", 2)]
     assert edges["nvmon.store"] == [("nvmon.store.store", 1)]
     problems = layer_violations(modules, edges, root)
-    assert len(problems) == 2 and all("nvmon.store.store imports nvmon.alerts.engine" in p for p in problems)
-    assert "store/store.py:3" in problems[0] + problems[1] and "'services', group 2 vs 1" in problems[0]
+    up = [p for p in problems if "nvmon.store.store imports nvmon.alerts.engine" in p]
+    assert len(up) == 2 and "store/store.py:3" in up[0] + up[1] and "'services', group 2 vs 1" in up[0]
+    assert [p for p in problems if p not in up] == [
+        "nvmon/store/codec.py:2: nvmon.store.codec imports nvmon.collect.sysfs: nvmon.store -> nvmon.collect "
+        "('services' reads the Sample: names it needs belong in nvmon.model, only hardware and programs import "
+        "the hardware)"]
 
 
 def test_checker_sees_back_edges_cycles_and_unmapped_modules(tmp_path):
