@@ -313,9 +313,20 @@ def _check_topology(sample: Sample, node_spec: NodeSpec) -> list[Finding]:
             f"NVLink topology '{observed}' ({describe_board(sample)}), expected '{expected}' "
             f"({_BOARD_WORDS.get(expected, expected)}): the board is not what its spec says",
             observed=observed, expected=expected))
+    elif observed in SPLIT_BOARDS and len(sample.gpus) >= SPLIT_MIN_GPUS and node_spec.topology != observed:
+        # The seed's first pitfall, the "fake 8-card NVLink" box: pairs of bridged cards may be
+        # what the model's spec allows, but nobody buys eight GPUs for that without saying so.
+        out.append(Finding(
+            code="nvlink.topology", severity=Severity.WARNING,
+            message=f"{len(sample.gpus)} GPUs, {describe_board(sample)}: not all-to-all, tensor-parallel "
+                    "traffic between pairs goes over PCIe; if this is the board you bought, say so with "
+                    f"--expect-topology {observed} ([expect] topology)",
+            observed=observed, expected="all-to-all"))
     return out
 
 
+SPLIT_BOARDS = ("pairs", "partial")  # boards whose GPUs are not all NVLink-connected
+SPLIT_MIN_GPUS = 4  # from here on, a split board is a finding of its own (2 bridged GPUs are a mesh)
 _BOARD_WORDS = {"nvswitch": "all-to-all through NVSwitch", "mesh": "all-to-all over direct NVLinks",
                 "pairs": "GPUs bridged in pairs", "none": "no NVLink"}
 
@@ -346,7 +357,7 @@ def _is_ethernet(port: IbPortSample) -> bool:
     return (port.link_layer or "").lower() == "ethernet"
 
 
-def _check_ib(ports: tuple[IbPortSample, ...], node_spec: NodeSpec) -> list[Finding]:
+def _check_ib(ports: tuple[IbPortSample, ...], node_spec: NodeSpec, t: Thresholds = Thresholds()) -> list[Finding]:
     out: list[Finding] = []
     active = [p for p in ports if _is_active(p)]
     # Without an expected rate, compare with the fastest active port of the same link layer:
@@ -382,7 +393,7 @@ def _check_ib(ports: tuple[IbPortSample, ...], node_spec: NodeSpec) -> list[Find
             what = ", ".join(f"{k} +{v}" for k, v in rising.items())
             out.append(_finding("ib.errors", f"{name} errors rising: {what}",
                                 observed=dict(p.errors_delta), expected=0, **where))
-    out += _check_hca_pcie(ports)
+    out += _check_hca_pcie(ports, t)
     if node_spec.ib_ports and (len(ports) < node_spec.ib_ports or len(active) < node_spec.ib_ports):
         out.append(_finding(
             "ib.count",
@@ -391,28 +402,29 @@ def _check_ib(ports: tuple[IbPortSample, ...], node_spec: NodeSpec) -> list[Find
     return out
 
 
-def _check_hca_pcie(ports: tuple[IbPortSample, ...]) -> list[Finding]:
-    """One finding per HCA (not per port: a dual-port HCA has one PCIe link) trained below what its
-    link allows. An HCA, unlike a GPU, does not lower its PCIe gen to save power: a low gen counts
-    always. HDR/NDR need the full Gen4/Gen5 x16 to reach line rate."""
-    out: list[Finding] = []
-    seen: set[str] = set()
+def _check_hca_pcie(ports: tuple[IbPortSample, ...], t: Thresholds) -> list[Finding]:
+    """One finding per HCA (a dual-port HCA has one PCIe link) whose link trained below its
+    maximum: a narrower width always (HDR/NDR need the full x16 to reach line rate), a lower gen
+    only while its ports carry traffic (PCIe power management may lower it at idle, as on a GPU)."""
+    by_hca: dict[str, list[IbPortSample]] = {}
     for port in ports:
-        p = port.pcie
-        if port.device in seen:
-            continue
-        seen.add(port.device)
-        bdf = f" ({port.pci_bus_id})" if port.pci_bus_id else ""
+        by_hca.setdefault(port.device, []).append(port)
+    out: list[Finding] = []
+    for device, feeds in by_hca.items():
+        p, bdf = feeds[0].pcie, feeds[0].pci_bus_id
+        name = f"{device} HCA" + (f" ({bdf})" if bdf else "")
+        fed = ", ".join(f"port {q.port}" for q in feeds)
         if p.width is not None and p.max_width is not None and p.width < p.max_width:
             out.append(_finding(
-                "pcie.width", f"{port.device}{bdf} HCA PCIe x{p.width}, expected x{p.max_width}: "
-                "the port cannot reach line rate; reseat the HCA or riser, check BIOS bifurcation",
-                device=port.device, observed=f"x{p.width}", expected=f"x{p.max_width}"))
-        if p.gen is not None and p.max_gen is not None and p.gen < p.max_gen:
+                "pcie.width", f"{name} PCIe x{p.width}, expected x{p.max_width}: {fed} cannot reach line rate; "
+                "reseat the HCA or riser, check BIOS bifurcation",
+                device=device, observed=f"x{p.width}", expected=f"x{p.max_width}"))
+        busy = sum(_sum(q.tx_bytes_per_s, q.rx_bytes_per_s) for q in feeds) >= t.busy_pcie_bytes_per_s
+        if busy and p.gen is not None and p.max_gen is not None and p.gen < p.max_gen:
             out.append(_finding(
-                "pcie.gen", f"{port.device}{bdf} HCA PCIe Gen{p.gen}, link allows Gen{p.max_gen}: "
+                "pcie.gen", f"{name} PCIe Gen{p.gen} under load, link allows Gen{p.max_gen} ({fed}): "
                 "check riser/retimer signal integrity and BIOS PCIe speed",
-                device=port.device, observed=f"Gen{p.gen}", expected=f"Gen{p.max_gen}"))
+                device=device, observed=f"Gen{p.gen}", expected=f"Gen{p.max_gen}"))
     return out
 
 
@@ -479,7 +491,7 @@ def audit(sample: Sample, node_spec: NodeSpec = NodeSpec(), thresholds: Threshol
                 "NVLink, PCIe and power are judged only by generic rules",
                 observed=name, expected="known model"))
         findings += _check_topology(sample, node_spec)
-    findings += _check_ib(sample.ib, node_spec)
+    findings += _check_ib(sample.ib, node_spec, thresholds)
     return AuditReport(sample.node, _spec_profile(sample, node_spec, thresholds), _verdict(findings, sample, judged),
                        tuple(findings))
 

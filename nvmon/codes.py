@@ -62,8 +62,10 @@ NODE_CODES: dict[str, Code] = {
                         "dmesg | grep -i xid"),
     "nvlink.link_down": Code(_C, "NVLink down: drain the node, check nvidia-smi nvlink -s and the fabric manager; "
                                  "reseat the GPU/baseboard (or the bridge on paired cards)"),
-    "nvlink.topology": Code(_C, "Board not wired as its spec says: compare nvidia-smi topo -m with the spec, check "
-                                "the fabric manager and NVSwitches; hold the vendor to the spec"),
+    # Critical against an expected board; a warning for an unexpected split (pairs) board.
+    "nvlink.topology": Code(_C, "Board not wired all-to-all or not as its spec says: compare nvidia-smi topo -m "
+                                "with the spec, check the fabric manager and NVSwitches; hold the vendor to the spec, "
+                                "or state the board you bought with --expect-topology / [expect] topology"),
     "nvlink.board": Code(_I, "The board's NVLink topology, for the record"),
     "nvlink.speed": Code(_W, "NVLink trained below spec: check nvidia-smi nvlink -s, driver and firmware; reseat"),
     "nvlink.errors": Code(_W, "NVLink errors rising: check nvidia-smi nvlink -e; reset the GPU, reseat or replace "

@@ -45,18 +45,31 @@ def test_healthy_h100_board_is_ok(busy):
     assert len(board) == 1 and "NVSwitch, NV18 between every GPU pair" in board[0].message
 
 
-def test_bridged_h100_pcie_12_of_18_is_healthy():
+def test_bridged_h100_pcie_12_of_18_is_healthy_when_that_is_the_board_expected():
     s = healthy_sample(name=H100_PCIE, slots=18, active_links=12, board="pairs")
-    report = audit(s, NodeSpec(gpus=8))
+    report = audit(s, NodeSpec(gpus=8, topology="pairs"))
     assert problems(report) == [] and report.verdict == "ok"
     board = [f for f in report.findings if f.code == "nvlink.board"][0]
     assert "pairs 0-1, 2-3, 4-5, 6-7" in board.message
 
 
+def test_an_8_gpu_pairs_box_is_a_warning_unless_expected():
+    """The seed's 'fake 8-card NVLink': bridged pairs are within the cards' spec, so without an
+    expectation it is a warning (exit 1); --expect-topology nvswitch makes it critical."""
+    s = healthy_sample(name=H100_PCIE, slots=18, active_links=12, board="pairs")
+    [f] = only(audit(s, NodeSpec(gpus=8)), "nvlink.topology")
+    assert f.severity == "warning" and "tensor-parallel traffic between pairs goes over PCIe" in f.message
+    assert "--expect-topology pairs" in f.message and audit(s, NodeSpec(gpus=8)).verdict == "warning"
+    [f] = only(audit(s, NodeSpec(gpus=8, topology="nvswitch")), "nvlink.topology")
+    assert f.severity == "critical"
+    two = healthy_sample(name=H100_PCIE, n_gpus=2, slots=18, active_links=12, board="pairs")
+    assert problems(audit(two)) == []  # two bridged cards: all there is to connect
+
+
 def test_bridged_h100_pcie_shortfall_is_one_finding_per_gpu():
     s = healthy_sample(name=H100_PCIE, slots=18, active_links=12, board="pairs")
     s = with_link(with_link(s, 5, 3, active=False), 5, 7, active=False)
-    [f] = only(audit(s), "nvlink.link_down")
+    [f] = only(audit(s, NodeSpec(topology="pairs")), "nvlink.link_down")
     assert (f.gpu, f.link, f.severity, f.observed) == (5, None, "critical", "10/12 active")
 
 

@@ -61,10 +61,18 @@ def test_sample_json_contract_for_every_profile(profile):
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_healthy_board_audits_ok(profile):
-    code, d = audit_json(profile)
+    # A pairs board is healthy only as the board you said you bought (else: a warning, below).
+    code, d = audit_json(profile, *(("--expect-topology", "pairs") if profile.startswith("pairs") else ()))
     assert d["verdict"] == "ok" and code == 0, problems(d)
     assert problems(d) == []
     assert d["schema"] == 1 and d["node"] == "sim-node" and d["spec"]
+
+
+def test_fake_8_card_nvlink_box_exits_1_by_default_and_2_when_nvswitch_is_expected():
+    code, d = audit_json("pairs-a100")
+    assert code == 1 and [f["code"] for f in problems(d)] == ["nvlink.topology"]
+    code, d = audit_json("pairs-a100", "--expect-topology", "nvswitch")
+    assert code == 2 and [(f["code"], f["severity"]) for f in problems(d)] == [("nvlink.topology", "critical")]
 
 
 FAULTS = [

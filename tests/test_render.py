@@ -139,7 +139,9 @@ def test_host_limited_slot_is_explained_under_the_tables():
 
 
 def test_bridged_pairs_board_shows_12_of_18_without_fault():
-    out = text_of(render_sample(healthy_sample(name=H100_PCIE, slots=18, active_links=12, board="pairs")))
+    s = healthy_sample(name=H100_PCIE, slots=18, active_links=12, board="pairs")
+    assert "! 8 GPUs, GPUs bridged in pairs" in text_of(render_sample(s))  # unless it is what you expect:
+    out = text_of(render_sample(s, audit(s, NodeSpec(topology="pairs"))))
     assert "12/18" in rows(out, "0")[0] and "✗ 12/18" not in out
     assert "board: NVLink pairs" in out
     assert "NVLink topology: GPUs bridged in pairs 0-1, 2-3, 4-5, 6-7 (NV12)" in out

@@ -39,7 +39,7 @@ log = logging.getLogger("nvmon.alerts")
 
 # Built-in settings of a rule, between a config override and the `[alerts]` defaults.
 RULE_DEFAULTS: dict[str, dict[str, float]] = {"gpu.xid": {"for_s": 0.0, "window_s": 600.0, "min_count": 1}}
-PER_FINDING_SEVERITY = frozenset({"gpu.xid"})  # severity from the finding (its Xid) unless overridden
+PER_FINDING_SEVERITY = frozenset({"gpu.xid", "nvlink.topology"})  # the finding's severity (its Xid; a split board: warning) unless overridden
 # Links train up after a reboot (NVLink through the fabric manager, IB through the subnet manager,
 # PCIe at power-on): these do not fire during the start-up grace period.
 GRACE_CODES = frozenset({"nvlink.link_down", "nvlink.topology", "nvlink.speed", "ib.port_down", "ib.rate",
