@@ -112,6 +112,24 @@ def test_one_alert_per_gpu_and_xid_each_with_its_own_severity():
     assert len(eng.active()) == 3
 
 
+def test_a_storm_of_one_xid_is_one_alert_with_a_count_and_one_page():
+    """500 identical Xids in a minute (issue 12): one alert, one notification, the count in its
+    summary and value; the repeats extend the episode, they never page again."""
+    eng = engine()
+    pages, transitions = [], []
+    for i in range(60):
+        per_tick = 9 if i < 20 else 8  # 20 × 9 + 40 × 8 = 500
+        trs = eng.evaluate(replace(xid_sample(2, *([48] * per_tick)), ts=T0 + i), T0 + i)
+        transitions += trs
+        pages += eng.to_notify(trs, T0 + i)
+    assert [(p.status, p.gpu) for p in pages] == [("firing", 2)] and len(transitions) == 1
+    [rec] = eng.active()
+    eng.evaluate(replace(HEALTHY, ts=T0 + 60), T0 + 60)
+    [rec] = eng.active()
+    assert rec.value == {"xid": 48, "events": 500}
+    assert "+500 in the last 600 s" in rec.summary
+
+
 def test_xid_rule_settings_and_overrides():
     book = rule_book(AlertsSettings(), 1.0)
     r = book["gpu.xid"]
