@@ -129,6 +129,18 @@ def fleet_book(settings: FleetSettings) -> dict[str, RuleSpec]:
     return book
 
 
+NEAR_BUDGET = 0.9  # a rack drawing this share of its budget or more is close to it
+
+
+def rack_power_level(draw: float | None, budget: float | None) -> str | None:
+    """A rack's draw against its budget (same unit): "over" (the rack.power rule fires), "near"
+    (≥ 90 %: shown, not paged), "under", or None when either is unknown. The one definition the
+    fleet rules and the TUI's rack headers share."""
+    if draw is None or not budget or draw != draw:
+        return None
+    return "over" if draw > budget else "near" if draw >= NEAR_BUDGET * budget else "under"
+
+
 class Place(NamedTuple):
     """What a fleet alert is about: ("node", cluster, node), ("rack", cluster, rack) or
     ("fault", cluster, code) for fleet.same_fault. One AlertEngine per place."""
@@ -250,7 +262,7 @@ class FleetRules:
                 continue
             overhead = self.overhead_w(rack)
             total_kw = (gpu_w + overhead * nodes) / 1000
-            if total_kw <= budget:
+            if rack_power_level(total_kw, budget) != "over":
                 continue
             place = Place("rack", cluster, rack)
             extra = f" + {overhead:g} W overhead each" if overhead else ""

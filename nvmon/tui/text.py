@@ -102,9 +102,4 @@ def pct_style(pct: float | None) -> str:
     return DIM
 
 
-def ratio_style(used: float | None, budget: float | None) -> str:
-    """Power against a budget or limit: ✓ under 90 %, ⚠ up to 100 %, ✗ over."""
-    if not known(used) or not budget:
-        return DIM
-    r = used / budget
-    return OK if r < 0.9 else WARN if r <= 1.0 else BAD
+LEVEL_STYLE = {"under": OK, "near": WARN, "over": BAD}  # nvmon.fleet.rules.rack_power_level

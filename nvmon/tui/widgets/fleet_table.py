@@ -28,9 +28,10 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from nvmon.fleet.rules import rack_power_level
 from nvmon.fleet.state import FleetState, NodeKey
 from nvmon.tui.rows import BY_KEY, COLUMNS, is_problem, matches, row_segments
-from nvmon.tui.text import DIM, OK, SYMBOL, WARN, Segment as Cell, clean, kw, ratio_style
+from nvmon.tui.text import DIM, LEVEL_STYLE, OK, SYMBOL, WARN, Segment as Cell, clean, kw
 
 RACK_PREFIX = "\x00rack:"  # row keys of rack group headers; node row keys are "cluster/node"
 NO_RACK = "(no rack)"
@@ -284,7 +285,7 @@ class FleetTable(ScrollView, can_focus=True):
             rk = RACK_PREFIX + name
             if rk not in self._index:
                 continue
-            style = ratio_style(power.power_w, budget) if budget else DIM
+            style = LEVEL_STYLE.get(rack_power_level(power.power_w, budget), DIM) if budget else DIM
             power_cell = (f"{SYMBOL[style]} {kw(power.power_w)}/{kw(budget)}kW", style) if budget else \
                 (f"{kw(power.power_w)}/{kw(power.power_limit_w)}kW", "bold")
             down = power.nodes - power.reporting
