@@ -154,6 +154,13 @@ class Broker:
             self.proc.stderr.close()
         self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL: no DISCONNECT for anyone, the clients find out from a dead socket."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.stop()
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -19,7 +19,8 @@ import pytest
 
 from mqtt_broker import Broker, Recorder, free_port, make_tls, needs_mosquitto, needs_openssl, wait_until
 from nvmon.wire.contract import Alert, AlertSet, Inventory, Status, Tick
-from nvmon.wire.mqtt import Backoff, MqttSettings, Publisher, make_client, write_at_once
+from nvmon.wire.mqtt import Backoff, MqttSettings, make_client, write_at_once
+from nvmon.wire.publisher import Publisher
 from nvmon.wire.payloads import inventory_payload, parse_message
 from samplefactory import healthy_sample
 
@@ -215,7 +216,8 @@ async def test_will_marks_node_offline_when_the_process_dies(tmp_path):
 import asyncio, sys
 sys.path.insert(0, sys.argv[3])
 from samplefactory import healthy_sample
-from nvmon.wire.mqtt import MqttSettings, Publisher
+from nvmon.wire.mqtt import MqttSettings
+from nvmon.wire.publisher import Publisher
 from nvmon.wire.payloads import inventory_payload
 
 async def main():

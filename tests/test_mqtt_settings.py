@@ -10,7 +10,8 @@ from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from nvmon.wire.mqtt import Backoff, BrokerAddress, MqttSettings, Publisher, describe_error, parse_broker_url
+from nvmon.wire.mqtt import Backoff, BrokerAddress, MqttSettings, describe_error, parse_broker_url
+from nvmon.wire.publisher import Publisher
 
 
 @pytest.mark.parametrize("url,want", [

@@ -119,7 +119,8 @@ class Daemon:
         m = self.cfg.mqtt
         if not m.broker:
             return None
-        from nvmon.wire.mqtt import Backoff, MqttSettings, Publisher
+        from nvmon.wire.mqtt import Backoff, MqttSettings
+        from nvmon.wire.publisher import Publisher
 
         settings = MqttSettings(url=m.broker, username=m.username, password_file=m.password_file,
                                 ca_file=m.ca_file, cert_file=m.cert_file, key_file=m.key_file,
