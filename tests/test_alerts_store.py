@@ -36,22 +36,29 @@ def store(tmp_path):
     s.close()
 
 
-def test_a_v1_database_migrates_and_keeps_its_history(tmp_path, monkeypatch):
+def test_a_v1_database_migrates_and_keeps_its_history(tmp_path):
+    """A database as nvmon wrote it at schema version 1 (before alerts and the catalog's columns):
+    its ticks survive, it gains the alert tables and the new metric columns."""
     path = tmp_path / "old.db"
-    monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 1)
-    with Store(path) as old:
-        old.write_many([replace(healthy_sample(), ts=T0 + i) for i in range(5)])
-        assert old.schema_version == 1
-    monkeypatch.undo()
-    con = sqlite3.connect(path)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 1
+    con = sqlite3.connect(path, isolation_level=None)
+    for statement in schema._statements(schema._V1):
+        con.execute(statement)
+    con.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
+    con.execute("PRAGMA user_version = 1")
+    for i in range(5):
+        ts_ms = int((T0 + i) * 1000)
+        con.execute("INSERT INTO ticks (ts_ms, interval_s, nvml_available, gpus, gpus_lost) VALUES (?, 1.0, 1, 8, 0)",
+                    (ts_ms,))
+        for g in range(8):
+            con.execute("INSERT INTO gpu_ticks (ts_ms, gpu, lost, power_w) VALUES (?, ?, 0, 500.0)", (ts_ms, g))
     assert not db.has_alert_tables(con)
     con.close()
     with Store(path) as new:
-        assert new.schema_version == schema.SCHEMA_VERSION == 2
+        assert new.schema_version == schema.SCHEMA_VERSION
         assert new.query("SELECT count(*) AS n FROM ticks")[0]["n"] == 5
         assert new.query("SELECT count(*) AS n FROM gpu_ticks")[0]["n"] == 40
+        new.write_many([replace(healthy_sample(), ts=T0 + 10)])  # and the current writer's columns exist
+        assert new.query("SELECT count(*) AS n FROM gpu_ticks")[0]["n"] == 48
         new.save_alerts([rec()], T0 + 40)
         assert [r.fingerprint for r in new.load_alerts()] == ["0123456789abcdef"]
     con = sqlite3.connect(path)
