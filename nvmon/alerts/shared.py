@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import NoReturn
 
-from nvmon.aio import raise_if_cancelled, running
+from nvmon.aio import running
 from nvmon.alerts.model import Silence
 from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription
 from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
-from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
+from nvmon.wire.mqtt import Backoff, MqttSettings, make_client
+from nvmon.wire.session import MqttSession
 
 log = logging.getLogger("nvmon.alerts")
 
@@ -186,38 +187,35 @@ async def find_alerts(settings: MqttSettings, prefix: str, *, cluster: str | Non
 
 class ControlSubscriber:
     """Subscribes `shared` to one cluster's control topic (None: every cluster); reconnects with
-    backoff until cancelled. The daemon does not need it: its Publisher's connection listens."""
+    backoff until cancelled (the shared `MqttSession`). The daemon does not need it: its
+    Publisher's connection listens."""
 
     def __init__(self, settings: MqttSettings, shared: SharedControls, *, cluster: str | None = None,
                  backoff: Backoff = Backoff(max_s=10.0)):
         self.settings, self.shared, self.backoff = settings, shared, backoff
         self.filter = control_subscription(cluster)
         self.client_id = _client_id("fleet-controls")
-        self.connected = False
-        self.errors = 0
+        self.session = MqttSession(settings, client_id=self.client_id, log=log, what="alerts: shared controls, MQTT",
+                                   backoff=backoff)
+
+    @property
+    def connected(self) -> bool:
+        return self.session.connected
+
+    @property
+    def errors(self) -> int:
+        return self.session.stats.errors
 
     async def run(self) -> NoReturn:
-        attempt = 0
-        while True:
-            connected_before = self.connected
-            try:
-                async with make_client(self.settings, client_id=self.client_id) as client:
-                    await client.subscribe(self.filter, qos=1)
-                    raise_if_cancelled()
-                    self.connected, attempt = True, 0
-                    log.info("alerts: listening for shared acks and silences on %s", self.filter)
-                    async for m in client.messages:
-                        self.shared.apply(str(m.topic), bytes(m.payload))
-            except Exception as e:  # broker errors, refused logins, TLS, OSError: all mean "retry"
-                self.errors += 1
-                lvl = logging.WARNING if self.connected or not connected_before else logging.DEBUG
-                log.log(lvl, "alerts: shared controls subscription on %s: %s; retrying", self.settings.url,
-                        describe_error(e))
-            finally:
-                self.connected = False
-            raise_if_cancelled()
-            await asyncio.sleep(self.backoff.delay(attempt))
-            attempt += 1
+        await self.session.run(self._listen, setup=self._subscribe)
+
+    async def _subscribe(self, client) -> None:
+        await client.subscribe(self.filter, qos=1)
+
+    async def _listen(self, client) -> None:
+        log.info("alerts: listening for shared acks and silences on %s", self.filter)
+        async for m in client.messages:
+            self.shared.apply(str(m.topic), bytes(m.payload))
 
 
 @contextlib.asynccontextmanager

@@ -6,13 +6,13 @@ Samples are not subscribed to: this stays cheap, and the status line counts them
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 
 from nvmon.wire.contract import AlertSet, Status, WireError, subscription
-from nvmon.wire.mqtt import MqttSettings, make_client
+from nvmon.wire.mqtt import Backoff, MqttSettings
 from nvmon.wire.parse import parse_message
+from nvmon.wire.session import MqttSession
 
 log = logging.getLogger("nvmon.demo")
 
@@ -25,6 +25,9 @@ class WireWatch:
         self.status: dict[str, Status] = {}
         self.alerts: dict[str, AlertSet] = {}
         self.dropped = 0
+        # The broker is ours and local: retry within a second, on the connection every client uses.
+        self.session = MqttSession(settings, client_id=f"nvmon-demo-watch-{id(self) & 0xFFFF:04x}", log=log,
+                                   what="demo status watcher: MQTT", backoff=Backoff(max_s=1.0))
 
     @property
     def online(self) -> int:
@@ -42,18 +45,15 @@ class WireWatch:
         return sum(bool(s.alerts) for s in self.alerts.values())
 
     async def run(self) -> None:
-        while True:
-            try:
-                async with make_client(self.settings, client_id=f"nvmon-demo-watch-{id(self) & 0xFFFF:04x}") as c:
-                    for kind in ("status", "alerts"):
-                        await c.subscribe(subscription(self.cluster, None, kind), qos=1)
-                    async for m in c.messages:
-                        self._apply(str(m.topic), m.payload)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the broker is ours and local: say so, retry
-                log.warning("demo status watcher: %s; retrying", e)
-                await asyncio.sleep(1.0)
+        await self.session.run(self._read, setup=self._subscribe)
+
+    async def _subscribe(self, client) -> None:
+        for kind in ("status", "alerts"):
+            await client.subscribe(subscription(self.cluster, None, kind), qos=1)
+
+    async def _read(self, client) -> None:
+        async for m in client.messages:
+            self._apply(str(m.topic), m.payload)
 
     def _apply(self, topic: str, payload: object) -> None:
         try:

@@ -9,9 +9,9 @@ With `controls=callback`, the same connection also subscribes to the cluster's (
 cluster's) shared acks and silences, `nvmon/v1/<cluster>/@controls` (nvmon.wire.control), and
 hands each such message to `callback(topic, payload)` instead of the state: the TUI shows them.
 
-The broker connection goes through `nvmon.wire.mqtt.make_client` (the one aiomqtt adapter); this
-module only uses the client's `subscribe` and `messages`, and catches its errors as plain
-exceptions, so that it does not depend on aiomqtt's exception classes.
+The broker connection is the shared `nvmon.wire.session.MqttSession` (connect, backoff, the log
+lines, the error counts, cancel safety); this module only uses the client's `subscribe` and
+`messages`, so that it does not depend on aiomqtt.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from nvmon.aio import raise_if_cancelled, running
+from nvmon.aio import running
 from nvmon.fleet.state import FleetState
 from nvmon.wire.contract import CONTROL_LEVEL, control_subscription, subscription
-from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
+from nvmon.wire.mqtt import Backoff, MqttSettings
+from nvmon.wire.session import MqttSession
 
 log = logging.getLogger("nvmon.fleet")
 
@@ -45,7 +46,7 @@ class SubscriberStatus:
     url: str
     filter: str
     connected: bool
-    since: float | None  # when the connection came up or went away (unix s); None before the first try
+    since: float | None  # when the connection came up or went away (unix s); None until the first came up
     connects: int  # successful connections, the first one included
     errors: int  # failed attempts and lost connections
     last_error: str | None  # one line, safe to display
@@ -111,27 +112,25 @@ class FleetSubscriber:
         # Unique per process: two views on one desk must not take each other's session over.
         self.client_id = f"nvmon-fleet-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self.sweep_every_s, self.max_delay_s = sweep_every_s, max_delay_s
-        self._connected = False
-        self._since: float | None = None
-        self._connects = self._errors = self._messages = self._coalesced = 0
-        self._last_error: str | None = None
-        self._last_error_at: float | None = None
-        self._last_logged: str | None = None
+        self.session = MqttSession(settings, client_id=self.client_id, log=log, what="fleet: MQTT", backoff=backoff,
+                                   clock=clock)
+        self._messages = self._coalesced = 0
         self._rate = _Rate()
 
     @property
     def status(self) -> SubscriberStatus:
+        s = self.session.stats
         return SubscriberStatus(
-            url=self.settings.url, filter=self.filter, connected=self._connected, since=self._since,
-            connects=self._connects, errors=self._errors, last_error=self._last_error,
-            last_error_at=self._last_error_at, messages=self._messages, coalesced=self._coalesced,
+            url=self.settings.url, filter=self.filter, connected=s.connected, since=s.since,
+            connects=s.connects, errors=s.errors, last_error=s.last_error,
+            last_error_at=s.last_error_at, messages=self._messages, coalesced=self._coalesced,
             rate_per_s=self._rate.per_s(self.clock()), dropped=self.state.stats.dropped)
 
     async def run(self) -> NoReturn:
         """Subscribe and apply until cancelled; reconnects with backoff, sweeps liveness every second."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._sweeper(), name="nvmon.fleet.sweep")
-            await self._connection_loop()
+            await self.session.run(self._connected, setup=self._subscribe)
 
     async def _sweeper(self) -> NoReturn:
         # Silence is news too: a node that stops ticking turns stale without any message arriving.
@@ -139,36 +138,15 @@ class FleetSubscriber:
             await asyncio.sleep(self.sweep_every_s)
             self.state.sweep(self.clock())
 
-    async def _connection_loop(self) -> NoReturn:
-        attempt = 0
-        while True:
-            was = self._connects
-            try:
-                await self._session()
-            except Exception as e:  # broker errors, refused logins, TLS, OSError: all mean "retry"
-                self._note_error(e, lost=self._connects != was)
-            finally:
-                if self._connected:
-                    self._connected, self._since = False, self.clock()
-            raise_if_cancelled()  # a cancel swallowed while connecting or disconnecting
-            if self._connects != was:
-                attempt = 0  # it worked for a while: retry quickly first
-            await asyncio.sleep(self.backoff.delay(attempt))
-            attempt += 1
+    async def _subscribe(self, client) -> None:
+        # QoS 1: retained status/inventory/alerts arrive at least once; samples stay QoS 0.
+        await client.subscribe(self.filter, qos=1)
+        if self.controls_filter is not None:
+            await client.subscribe(self.controls_filter, qos=1)
 
-    async def _session(self) -> None:
-        client = make_client(self.settings, client_id=self.settings.client_id or self.client_id)
-        async with client:
-            # QoS 1: retained status/inventory/alerts arrive at least once; samples stay QoS 0.
-            await client.subscribe(self.filter, qos=1)
-            if self.controls_filter is not None:
-                await client.subscribe(self.controls_filter, qos=1)
-            raise_if_cancelled()  # aiomqtt on 3.11 can swallow a cancel in subscribe
-            self._connected, self._since = True, self.clock()
-            self._connects += 1
-            self._last_logged = None
-            log.info("fleet: subscribed to %s on %s", self.filter, self.settings.url)
-            await self._consume(client)
+    async def _connected(self, client) -> None:
+        log.info("fleet: subscribed to %s on %s", self.filter, self.settings.url)
+        await self._consume(client)
 
     async def _consume(self, client) -> None:
         """Apply messages as they come; when behind, a node's newer sample replaces its older one.
@@ -246,18 +224,6 @@ class FleetSubscriber:
                     if i % FLUSH_CHUNK == 0:  # let the socket be read meanwhile
                         await asyncio.sleep(0)
                 load.add(time.perf_counter() - t0)
-
-    def _note_error(self, exc: BaseException, *, lost: bool) -> None:
-        msg = describe_error(exc)
-        self._errors += 1
-        self._last_error, self._last_error_at = msg, self.clock()
-        if lost:
-            log.warning("fleet: connection to %s lost: %s; reconnecting", self.settings.url, msg)
-        elif msg != self._last_logged:  # the same failure every few seconds is logged once
-            log.error("fleet: cannot connect to %s: %s; retrying with backoff", self.settings.url, msg)
-        else:
-            log.debug("fleet: still cannot connect to %s: %s", self.settings.url, msg)
-        self._last_logged = msg
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,6 @@ fires every node's will at once; cancelling it publishes `offline`/`stopped` for
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -29,8 +28,9 @@ from nvmon.loadgen.boards import Board, NodeIdentity
 from nvmon.sim.profiles import PROFILES
 from nvmon.sim.scenario import SimSpecError, parse_scenario
 from nvmon.wire.contract import DELIVERY, topic, valid_name
-from nvmon.wire.mqtt import Backoff, MqttSettings, describe_error, make_client
+from nvmon.wire.mqtt import Backoff, MqttSettings
 from nvmon.wire.payloads import status_payload
+from nvmon.wire.session import MqttSession
 
 log = logging.getLogger("nvmon.loadgen")
 
@@ -81,6 +81,7 @@ class _Node:
     layout: str = ""
     layout_gen: int = -1
     alerts_gen: int = -1
+    session: MqttSession | None = None  # its connection, once running
 
 
 class SimFleet:
@@ -116,14 +117,17 @@ class SimFleet:
         self._plan = _Plan(names, racks, faults, profile, healthy_boards, dict(labels or {}))
         self.boards: dict[str, Board] = {}
         self.nodes: list[_Node] = []
-        self._connected = self._connects = self._published = self._errors = 0
-        self._last_error: str | None = None
+        self._published = 0
 
     @property
     def stats(self) -> SimFleetStats:
-        return SimFleetStats(nodes=len(self._plan.names), boards=len(self.boards), connected=self._connected,
-                             connects=self._connects, published=self._published, errors=self._errors,
-                             last_error=self._last_error)
+        """The sum over the nodes' sessions (each one quiet: a thousand would flood the log)."""
+        sessions = [n.session.stats for n in self.nodes if n.session is not None]
+        last = max((s for s in sessions if s.last_error_at is not None), key=lambda s: s.last_error_at, default=None)
+        return SimFleetStats(nodes=len(self._plan.names), boards=len(self.boards),
+                             connected=sum(s.connected for s in sessions), connects=sum(s.connects for s in sessions),
+                             published=self._published, errors=sum(s.errors for s in sessions),
+                             last_error=last.last_error if last is not None else None)
 
     def _build(self, now: float) -> None:
         plan = self._plan
@@ -168,57 +172,36 @@ class SimFleet:
                     log.exception("sim-fleet: board %s failed to sample", board.spec)
 
     async def _run_node(self, node: _Node, gate: asyncio.Semaphore, t0: float) -> NoReturn:
-        attempt = 0
-        while True:
-            before = self._connects
-            try:
-                await self._session(node, gate, t0)
-            except Exception as e:  # broker gone, refused, timeout: reconnect like a daemon would
-                self._errors += 1
-                self._last_error = describe_error(e)
-            raise_if_cancelled()  # a cancel swallowed while connecting or disconnecting
-            if self._connects != before:
-                attempt = 0
-            await asyncio.sleep(self.backoff.delay(attempt))
-            attempt += 1
+        """One node's connection, as a daemon's: its will, a goodbye on a clean stop, reconnects."""
+        status = node.topics["status"]
+        node.session = MqttSession(
+            self.settings, client_id=f"nvmon-{self.cluster}-{node.who.name}", log=log,
+            what=f"sim-fleet {node.who.name}: MQTT", backoff=self.backoff, quiet=True, gate=gate,
+            will=lambda: (status, self._status("offline", "lost")),
+            goodbye=lambda: (status, self._status("offline", "stopped")))
+        await node.session.run(lambda client: self._serve(client, node, t0))
 
     def _status(self, state: str, reason: str | None = None) -> bytes:
         return status_payload(state, version=__version__, interval_s=self.interval_s, ts=time.time(), reason=reason)
 
-    async def _session(self, node: _Node, gate: asyncio.Semaphore, t0: float) -> None:
-        will = (node.topics["status"], self._status("offline", "lost"))
-        client = make_client(self.settings, client_id=f"nvmon-{self.cluster}-{node.who.name}", will=will)
-        async with gate:
-            await client.__aenter__()
-        self._connected += 1
-        self._connects += 1
-        try:
-            await self._publish(client, node, "status", self._status("online"))
-            node.layout_gen = node.alerts_gen = -1  # a fresh connection re-announces everything
-            while True:
-                board = node.board
-                if node.layout_gen != board.layout_gen:
-                    inventory, node.layout = board.inventory_for(node.who)
-                    node.layout_gen = board.layout_gen
-                    await self._publish(client, node, "inventory", inventory)
-                if node.alerts_gen != board.alerts_gen and board.alerts is not None:
-                    node.alerts_gen = board.alerts_gen
-                    await self._publish(client, node, "alerts", board.alerts)
-                now = time.time()
-                await self._publish(client, node, "sample", board.payload_for(node.layout, now))
-                self._published += 1
-                base = t0 + node.offset_s
-                await asyncio.sleep(base + (math.floor((now - base) / self.interval_s) + 1) * self.interval_s - now)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # best effort, bounded: a clean stop says so
-                async with asyncio.timeout(0.8):  # (already cancelling: publish directly)
-                    await client.publish(node.topics["status"], self._status("offline", "stopped"), qos=1, retain=True)
-            raise
-        finally:
-            self._connected -= 1
-            client.timeout = 0.5
-            with contextlib.suppress(Exception):
-                await client.__aexit__(None, None, None)
+    async def _serve(self, client, node: _Node, t0: float) -> None:
+        """One connection: announce, then a sample in the node's slot of every interval."""
+        await self._publish(client, node, "status", self._status("online"))
+        node.layout_gen = node.alerts_gen = -1  # a fresh connection re-announces everything
+        while True:
+            board = node.board
+            if node.layout_gen != board.layout_gen:
+                inventory, node.layout = board.inventory_for(node.who)
+                node.layout_gen = board.layout_gen
+                await self._publish(client, node, "inventory", inventory)
+            if node.alerts_gen != board.alerts_gen and board.alerts is not None:
+                node.alerts_gen = board.alerts_gen
+                await self._publish(client, node, "alerts", board.alerts)
+            now = time.time()
+            await self._publish(client, node, "sample", board.payload_for(node.layout, now))
+            self._published += 1
+            base = t0 + node.offset_s
+            await asyncio.sleep(base + (math.floor((now - base) / self.interval_s) + 1) * self.interval_s - now)
 
     async def _publish(self, client, node: _Node, kind: str, payload: bytes) -> None:
         qos, retain = DELIVERY[kind]
