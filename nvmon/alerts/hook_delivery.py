@@ -1,7 +1,8 @@
 """One configured hook delivering one batch, once: run a program, or POST JSON over HTTP.
 
-Retries, queues and grouping live in `hook_dispatch`; this module only knows how to send and how
-to describe a failure in one line (with every secret redacted) and whether retrying can help.
+Retries, queues and grouping live in `hook_dispatch`; what each type sends, in `hook_kinds`. This
+module holds the two transports (`Hook.post`, `Hook.run_program`), and knows how to describe a
+failure in one line (with every secret redacted) and whether retrying can help.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 
 from nvmon import __version__
-from nvmon.alerts.hook_payloads import alertmanager_payload, json_payload, pagerduty_event, slack_message
+from nvmon.alerts.hook_kinds import HOOK_KINDS, HookKind
 from nvmon.alerts.hooks import HookConfig, HookConfigError, read_secret, redact, show_target
 from nvmon.alerts.model import AlertRecord
 
@@ -73,6 +74,7 @@ class Hook:
         if config.name is None:
             raise ValueError("hook configs must be named: pass them through check_hooks()")
         self.config = config
+        self.kind: HookKind = HOOK_KINDS[config.type]
         self.name: str = config.name
         self._environ = environ
         # Everything that must never be shown: the secrets read so far, and URLs (their paths
@@ -82,14 +84,14 @@ class Hook:
     @property
     def target(self) -> str:
         """Where it delivers, safe to show: the program, or `scheme://host/…`."""
-        if self.config.type == "exec":
+        if self.kind.runs_program:
             return self.config.command[0] if self.config.command else "?"
         return show_target(self.config.target_url)
 
     @property
     def one_alert_per_delivery(self) -> bool:
-        """PagerDuty's API takes one event per request: its batches are split into single alerts."""
-        return self.config.type == "pagerduty"
+        """The type's API takes one event per request (PagerDuty): its batches are split into single alerts."""
+        return self.kind.one_alert_per_delivery
 
     def redact(self, text: str) -> str:
         return redact(text, self._hidden)
@@ -108,28 +110,12 @@ class Hook:
             secret = self.secret()
         except HookConfigError as e:
             raise DeliveryError(str(e)) from None
-        cfg = self.config
-        if cfg.type == "exec":
-            body = json.dumps(json_payload(status, labels, records, grouped)).encode() + b"\n"
-            return await self._exec(body, status, secret)
-        if cfg.type == "pagerduty":
-            result = ""
-            for rec in records:
-                result = await self._post(client, cfg.target_url, pagerduty_event(secret, rec, cfg.external_url))
-            return result
-        if cfg.type == "slack":
-            url = secret or cfg.url
-            return await self._post(client, url, slack_message(status, labels, records, cfg.external_url))
-        if cfg.type == "alertmanager":
-            body = alertmanager_payload(self.name, status, labels, records, cfg.external_url)
-        else:
-            body = json_payload(status, labels, records, grouped)
-        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-        return await self._post(client, cfg.url, body, headers)
+        return await self.kind.send(self, client, status, labels, records, grouped, secret)
 
-    async def _post(self, client: httpx.AsyncClient, url: str | None, body: dict[str, Any],
-                    extra_headers: dict[str, str] | None = None) -> str:
-        assert url is not None  # guaranteed by HookConfig's per-type checks
+    async def post(self, client: httpx.AsyncClient, url: str | None, body: dict[str, Any],
+                   extra_headers: dict[str, str] | None = None) -> str:
+        """POST `body` as JSON to `url` once (the hook's headers and timeout); DeliveryError if it failed."""
+        assert url is not None  # guaranteed by the kind's config check
         t = self.config.timeout_s
         headers = {"Content-Type": "application/json", **self.config.headers, **(extra_headers or {})}
         data = json.dumps(body, ensure_ascii=False).encode()
@@ -156,7 +142,8 @@ class Hook:
         raise DeliveryError(self.redact(msg), retryable=retryable,
                             retry_after=_retry_after(resp.headers.get("Retry-After")) if retryable else None)
 
-    async def _exec(self, stdin: bytes, status: str, secret: str | None) -> str:
+    async def run_program(self, stdin: bytes, status: str, secret: str | None) -> str:
+        """Run the hook's command once with `stdin` (its secret in NVMON_HOOK_SECRET); DeliveryError if it failed."""
         argv = list(self.config.command or ())
         prog = os.path.basename(argv[0])
         env = dict(os.environ if self._environ is None else self._environ)

@@ -203,7 +203,7 @@ class _Worker:
 
     async def _deliver(self, client: httpx.AsyncClient, batch: _Batch) -> None:
         records = list(batch.records.values())
-        if self.cfg.type == "alertmanager":
+        if self.hook.kind.whole_group:
             # Alertmanager sends a group's whole state each time: every alert still firing in the
             # group rides along, so receivers keyed on groupKey see the full set.
             group = tuple(batch.labels.values())

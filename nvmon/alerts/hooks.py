@@ -4,6 +4,7 @@ The parts of hook delivery, one module each:
 
 - here: `HookConfig` (one `[[hooks]]` entry), `check_hooks` (names, duplicates), `load_hooks`
   (the `hooks` list of any nvmon TOML file, for `nvmon hooks test`), secrets and redaction;
+- `hook_kinds`: `HOOK_KINDS`, each type declared once (its config rules, payload and delivery);
 - `hook_payloads`: the JSON each type sends (pure functions of alert records);
 - `hook_delivery`: `Hook`, one configured hook able to deliver a batch once (exec or HTTP);
 - `hook_dispatch`: `HookDispatcher`, the engine's notifier: a worker per hook with a bounded
@@ -27,12 +28,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from nvmon.alerts.hook_kinds import HOOK_KINDS
 from nvmon.codes import Severity
 from nvmon.tomlfile import TomlFileError, read_toml
 
-HOOK_TYPES = ("exec", "webhook", "alertmanager", "pagerduty", "slack")
+HOOK_TYPES = tuple(HOOK_KINDS)
+HookType = Literal[HOOK_TYPES]  # type: ignore[valid-type] - built from the registry
 HOOK_STATUSES = ("firing", "resolved")
-PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 HEADER_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")  # RFC 9110 token
@@ -45,11 +47,11 @@ class HookConfigError(ValueError):
 
 
 class HookConfig(BaseModel):
-    """One `[[hooks]]` entry. Which keys apply depends on `type` (checked below)."""
+    """One `[[hooks]]` entry. Which keys apply depends on `type` (its kind's `check`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    type: Literal["exec", "webhook", "alertmanager", "pagerduty", "slack"]
+    type: HookType
     name: str | None = None  # shown in logs, stats and `nvmon hooks test`; default: the type (+ -N)
     command: tuple[str, ...] | None = None  # exec: argv, run without a shell
     url: str | None = None  # http(s) endpoint; pagerduty defaults to the Events API v2
@@ -125,40 +127,16 @@ class HookConfig(BaseModel):
 
     @model_validator(mode="after")
     def _per_type(self) -> HookConfig:
-        t = self.type
-        has_secret = self.secret_file is not None or self.secret_env is not None
         if self.secret_file is not None and self.secret_env is not None:
-            raise ValueError(f"{t} hook: give secret_file or secret_env, not both")
-        if t == "exec":
-            if self.command is None:
-                raise ValueError('exec hook needs command = ["/path/to/program", "arg", …]')
-            for key in ("url", "headers", "external_url"):
-                if getattr(self, key):
-                    raise ValueError(f"exec hook: {key} does not apply (it has command)")
-            return self
-        if self.command is not None:
-            raise ValueError(f"{t} hook: command applies to exec hooks only")
-        if t == "slack":
-            if (self.url is None) == (not has_secret):
-                raise ValueError("slack hook: give the incoming-webhook URL as url, or (better) "
-                                 "in secret_file / secret_env, not both")
-        elif t == "pagerduty":
-            if not has_secret:
-                raise ValueError("pagerduty hook needs the routing key in secret_file or secret_env")
-        elif self.url is None:
-            raise ValueError(f"{t} hook needs url")
-        if has_secret and t in ("webhook", "alertmanager"):
-            if any(k.lower() == "authorization" for k in self.headers):
-                raise ValueError(f"{t} hook: the secret is sent as 'Authorization: Bearer'; "
-                                 "drop the Authorization header or the secret")
+            raise ValueError(f"{self.type} hook: give secret_file or secret_env, not both")
+        HOOK_KINDS[self.type].check(self)
         return self
 
     @property
     def target_url(self) -> str | None:
-        """The configured endpoint (None for exec, and for slack when the URL is the secret)."""
-        if self.type == "pagerduty":
-            return self.url or PAGERDUTY_URL
-        return self.url
+        """The configured endpoint, or the type's default (PagerDuty's Events API); None for exec,
+        and for slack when the URL is the secret."""
+        return self.url or HOOK_KINDS[self.type].default_url
 
     def wants_severity(self, severity: str) -> bool:
         return Severity.rank_of(severity) <= Severity.rank_of(self.min_severity)  # unknown words: least severe
@@ -290,7 +268,7 @@ def read_secret(hook: HookConfig, environ: Any = None) -> str | None:
         raise HookConfigError(f"{where}: is empty")
     if any(c in value for c in "\r\n\0"):
         raise HookConfigError(f"{where}: must be a single line")
-    if hook.type == "slack":
+    if HOOK_KINDS[hook.type].secret_is_url:
         try:
             check_url(value)
         except ValueError as e:
