@@ -60,6 +60,36 @@ class PcieLink:
     replay_errors_delta: int | None = None
 
 
+# GPU fabric (NVSwitch boards, configured by Fabric Manager): nvmlGpuFabricState_t and the fields of
+# nvmlGpuFabricInfo's healthMask, (name, shift, width) as nvml.h defines them (NVML-FACTS §8).
+FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
+FABRIC_HEALTH_FIELDS = (
+    ("degraded_bandwidth", 0, 0x3),  # 0 n/a, 1 true, 2 false (so are the next three)
+    ("route_recovery", 2, 0x3),
+    ("route_unhealthy", 4, 0x3),
+    ("access_timeout_recovery", 6, 0x3),
+    ("incorrect_configuration", 8, 0xF),  # 0 n/a, 1 none, 2.. the kind of misconfiguration
+    ("partition_assigned", 12, 0x3),
+    ("gfm_state", 14, 0x3),  # 1 connected, 2 disconnected
+)
+FABRIC_INCORRECT_CONFIGURATION = {2: "incorrect system GUID", 3: "incorrect chassis serial number",
+                                  4: "no partition", 5: "insufficient NVLinks", 6: "incompatible GPU firmware",
+                                  7: "invalid location", 8: "GPU state invalid"}
+FABRIC_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}  # 0: not supported (v3 only)
+
+
+def fabric_health(mask: int | None) -> dict[str, int]:
+    """The healthMask's fields that the driver reports (value 0, "not supported", left out)."""
+    if mask is None:
+        return {}
+    out = {}
+    for name, shift, width in FABRIC_HEALTH_FIELDS:
+        v = (mask >> shift) & width
+        if v:
+            out[name] = v
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class NvLinkSample:
     link: int
@@ -73,6 +103,21 @@ class NvLinkSample:
     errors: dict[str, int | None] = field(default_factory=dict)  # cumulative, keys NVLINK_ERROR_KINDS
     errors_delta: dict[str, int | None] = field(default_factory=dict)
 
+
+@dataclass(frozen=True, slots=True)
+class GpuFabric:
+    """A GPU's NVSwitch fabric as NVML reports it (nvmlDeviceGetGpuFabricInfo[V]). All None: no
+    fabric (NotSupported: PCIe cards, NVLink bridges, A100 HGX), or not read yet."""
+
+    state: int | None = None  # FABRIC_STATES: 1 not started, 2 in progress, 3 completed
+    status: int | None = None  # an nvmlReturn_t (0 success), meaningful once completed
+    clique_id: int | None = None
+    cluster_uuid: str | None = None  # "00000000-0000-0000-0000-000000000000" outside NVL72-class domains
+    health_mask: int | None = None  # None: the driver's call has no mask (unversioned)
+    health_summary: int | None = None  # FABRIC_SUMMARIES; None or 0: not reported (v3 only)
+
+
+NO_FABRIC = GpuFabric()
 
 @dataclass(frozen=True, slots=True)
 class GpuSample:
@@ -107,6 +152,7 @@ class GpuSample:
     fb_free_bytes: int | None = None
     fb_total_bytes: int | None = None
     memory_temperature_c: float | None = None
+    fabric: GpuFabric = NO_FABRIC  # read every few seconds (nvmon/collect/fabric.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter, sub
 from typing import Any
 
-from nvmon.collect import nvml_fields as F
+from nvmon.collect import fabric, nvml_fields as F
 from nvmon.collect.nvml_api import Api, Lost, NoValue, Unsupported, bindings_version
 from nvmon.collect.nvml_batch import FieldBatch, Readings
 from nvmon.collect.nvml_events import XidEvents
@@ -144,7 +144,7 @@ class NvmlCollector:
         self.gpus: list[_Gpu] = []
         self.calls = [0]  # NVML calls made, for the cost benchmark
         self.direct_fields: bool | None = None  # None: FieldBatch decides (tests force both paths)
-        self.events = XidEvents(self.api)
+        self.events, self.fabric = XidEvents(self.api), fabric.FabricReader(self.api)  # fabric: every few s
         self.event_calls = self.events.calls  # per-node NVML calls for Xid events, apart from `calls`
         self._opened = False
 
@@ -491,7 +491,7 @@ class NvmlCollector:
             nvlink_count=g.link_count, notes=tuple(g.notes.values()),
             sm_clock_hz=g.last.get("sm_clock"), sm_clock_max_hz=g.sm_max_hz, mem_clock_hz=g.last.get("mem_clock"),
             mem_clock_max_hz=g.mem_max_hz, fb_used_bytes=memory[0], fb_free_bytes=memory[1],
-            fb_total_bytes=memory[2], memory_temperature_c=value("memory_temp"),
+            fb_total_bytes=memory[2], memory_temperature_c=value("memory_temp"), fabric=self.fabric.of(g),
         )
 
 

@@ -126,6 +126,12 @@ class Api:
         self._consts[name] = value
         return value
 
+    def struct(self, name: str) -> type | None:
+        """A ctypes structure class of the bindings by name, or None when they lack it. Not logged:
+        callers of this keep their own copy of the C layout (nvmon.collect.fabric), nothing is lost."""
+        cls = getattr(self.nv, name, None)
+        return cls if isinstance(cls, type) else None
+
     def _absent(self, name: str, what: str) -> None:
         self.absent[name] = what
         if name not in _logged:

@@ -80,6 +80,10 @@ FUNCTIONS = {
     "event_wait": ("nvmlEventSetWait_v2",),
     "event_set_free": ("nvmlEventSetFree",),
     "device_index": ("nvmlDeviceGetIndex",),
+    # GPU fabric (nvmon.collect.fabric): the versioned call (v3/v2 struct: health mask and summary),
+    # and the unversioned one it deprecates (no health), tried in that order
+    "fabric_health": ("nvmlDeviceGetGpuFabricInfoV",),
+    "fabric": ("nvmlDeviceGetGpuFabricInfo",),
 }
 
 # Names above newer than the oldest nvidia-ml-py nvmon accepts (pyproject.toml): the release that
@@ -89,6 +93,7 @@ ADDED = {
     "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": (12, 555),
     "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": (12, 555),
     "nvmlDeviceGetTemperatureV": (12, 570),
+    "nvmlDeviceGetGpuFabricInfoV": (12, 550),
 }
 
 PER_LINK_FIELDS = {

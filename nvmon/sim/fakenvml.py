@@ -25,6 +25,7 @@ import types
 
 import pynvml as _real_pynvml
 
+from nvmon.sim import fabric
 from nvmon.sim.board import SimBoard
 from nvmon.sim.fakefields import FV, FieldValues
 from nvmon.collect.nvml_fields import NVLINK_GEN_TO_ENUM
@@ -421,6 +422,16 @@ class FakeNvmlLib:
             return ERROR_UNINITIALIZED
         addr = ctypes.cast(eventSet, ctypes.c_void_p).value or 0
         return SUCCESS if self.event_sets.pop(addr, None) is not None else ERROR_INVALID_ARGUMENT
+
+    # -- GPU fabric (nvmon.sim.fabric writes nvml.h's layout into the caller's struct) -----------------
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle, ptr) -> int:
+        rc, g = self._check(handle)
+        return rc or fabric.write(self.board, g, self._t(), _out(ptr), versioned=False)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle, ptr) -> int:
+        rc, g = self._check(handle)
+        return rc or fabric.write(self.board, g, self._t(), _out(ptr), versioned=True)
 
     # -- field values ---------------------------------------------------------------------------------
 

@@ -35,6 +35,15 @@ Keys (repeatable unless noted):
     gpu_lost=G             GPU has fallen off the bus (NVML: GPU is lost)
     xid=G:N                NVML delivers one Xid critical-error event N on GPU G (e.g. xid=3:79@10);
                            the event only: add gpu_lost=G for a GPU that also falls off the bus
+    fabric=STATE           GPU fabric not ready on every GPU: not_started (Fabric Manager not
+                           running) or in_progress (stuck configuring); NVSwitch boards with a
+                           fabric NVML reports (hgx-h100, hgx-h200, hgx-h800, hgx-b200) only:
+                           A100/A800 HGX, NVLink pairs and PCIe cards answer Not Supported
+    fabric_status=CODE[:G] fabric completed with an error: an NVML return code, a number or
+                           insufficient_resources, in_use, no_data, timeout, unknown
+    fabric_health=BIT[:G]  a fabric health field set (degraded_bandwidth, route_recovery,
+                           route_unhealthy, access_timeout_recovery, incorrect_configuration)
+                           or the health summary (unhealthy, limited_capacity); all GPUs unless :G
     notsup=WHAT[:G]        an NVML query answers Not Supported (WHAT: temperature, utilization,
                            throttle, energy, nvlink_state_field, pcie_bytes, xid_events); all
                            GPUs unless :G (xid_events: registering for Xid events is refused)
@@ -46,6 +55,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from nvmon.sim.fabric import HEALTH_BITS, has_fabric
 from nvmon.sim.profiles import PROFILES
 
 LOADS = ("idle", "allreduce", "busy")
@@ -53,7 +63,10 @@ NOTSUP = ("temperature", "utilization", "throttle", "energy", "nvlink_state_fiel
 FAULT_KEYS = (
     "nvlink_down", "nvlink_errors", "pcie_width", "pcie_gen", "ib_down", "ib_rate", "ib_eth",
     "ib_errors", "ib_pcie_width", "power_cap", "thermal", "gpu_lost", "notsup", "xid",
+    "fabric", "fabric_status", "fabric_health",
 )
+FABRIC_STATES = ("not_started", "in_progress")
+FABRIC_STATUS = {"insufficient_resources": 23, "in_use": 19, "no_data": 21, "timeout": 10, "unknown": 999}
 
 
 class SimSpecError(ValueError):
@@ -130,6 +143,9 @@ def parse_scenario(spec: str) -> Scenario:
             )
     prof = PROFILES[profile]
     for f in faults:
+        if f.kind.startswith("fabric") and not has_fabric(prof):
+            raise SimSpecError(f"--sim {spec!r}: {f.kind}: {profile} has no GPU fabric NVML reports (it answers "
+                               "Not Supported); use hgx-h100, hgx-h200, hgx-h800 or hgx-b200")
         if f.gpu is not None and f.gpu >= prof.gpus:
             raise SimSpecError(f"--sim {spec!r}: {f.kind}: GPU {f.gpu} does not exist on {profile} ({prof.gpus} GPUs)")
         if f.link is not None and f.link >= prof.link_slots:
@@ -184,6 +200,8 @@ def _parse_fault(kind: str, value: str, spec: str) -> Fault:
             return Fault(kind, port=value, value=width, after_s=after, until_s=until)
         rate = _num(arg, "IB rate", spec) if arg is not None else (100.0 if kind == "ib_rate" else None)
         return Fault(kind, port=value, value=rate, after_s=after, until_s=until)
+    if kind.startswith("fabric"):
+        return _parse_fabric(kind, value, arg, spec, after, until)
     if kind == "notsup":
         if value not in NOTSUP:
             raise SimSpecError(f"--sim {spec!r}: notsup takes one of {', '.join(NOTSUP)}")
@@ -208,3 +226,20 @@ def _parse_fault(kind: str, value: str, spec: str) -> Fault:
         if not 1 <= val <= 6:
             raise SimSpecError(f"--sim {spec!r}: pcie_gen must be 1..6")
     return Fault(kind, gpu=gpu, value=val, after_s=after, until_s=until)
+
+
+def _parse_fabric(kind: str, value: str, arg: str | None, spec: str, after: float, until: float | None) -> Fault:
+    if kind == "fabric":
+        if value not in FABRIC_STATES or arg is not None:
+            raise SimSpecError(f"--sim {spec!r}: fabric takes one of {', '.join(FABRIC_STATES)}")
+        return Fault(kind, what=value, after_s=after, until_s=until)
+    gpu = _int(arg, "GPU", spec) if arg is not None else None
+    if kind == "fabric_status":
+        code = FABRIC_STATUS.get(value) if not value.isdigit() else int(value)
+        if not code:
+            raise SimSpecError(f"--sim {spec!r}: fabric_status takes a non-zero NVML return code or one of "
+                               f"{', '.join(FABRIC_STATUS)}")
+        return Fault(kind, gpu=gpu, value=float(code), after_s=after, until_s=until)
+    if value not in HEALTH_BITS:
+        raise SimSpecError(f"--sim {spec!r}: fabric_health takes one of {', '.join(HEALTH_BITS)}")
+    return Fault(kind, gpu=gpu, what=value, after_s=after, until_s=until)
