@@ -95,7 +95,9 @@ PROFILES: dict[str, BoardProfile] = {
         _p(key="hgx-b200", description="HGX B200: 8 GPUs, 2 NVLink switch chips, NV18 (NVLink5), 8×NDR",
            gpu_name="NVIDIA B200", pci_device_id=0x290110DE, gpus=8, link_slots=18, links_used=18,
            nvlink_gen=5, link_mbps=53125, fabric="nvswitch", switches=2, switch_sentinel=True,
-           power_limit_w=1000, power_min_w=400, power_max_w=1200, pcie_gen=5, gpu_pcie_gen=6, pcie_width=16,
+           # Limits 1000 W (min 200, max 1000) and the GPU's own PCIe max Gen5, as a real HGX B200
+           # reports them (shared/hardware/qx-b200.xml, driver 580.105.08; tests/test_sim_vs_captures.py).
+           power_limit_w=1000, power_min_w=200, power_max_w=1000, pcie_gen=5, gpu_pcie_gen=5, pcie_width=16,
            ib_ports=8, ib_rate_gbps=400, driver="570.124.06", nvml_version="12.570.124.06",
            sm_clock_max_mhz=1965, mem_clock_max_mhz=3996, fb_total_mib=183359),
         _p(key="pairs-a100", description="'fake 8-card NVLink': 8 A100 PCIe cards bridged in 4 pairs (NV12), 2×HDR",
