@@ -60,7 +60,7 @@ if [ -n "$sim" ]; then
     [ -f "$xml" ] || xml="$repo/shared/hardware/qx-h100.xml"
     case " ${args[*]-} " in *" --smi-xml "*) ;; *) args+=(--smi-xml "$xml") ;; esac
     args+=(--sim "$sim")
-elif ! ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so\.1'; then
+elif ! ldconfig -p 2>/dev/null | grep 'libnvidia-ml\.so\.1' >/dev/null; then  # not -q: an early exit fails the pipe
     # pynvml loads libnvidia-ml.so.1 by name: where the loader's cache lacks it, say where it is.
     for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
         if [ -e "$d/libnvidia-ml.so.1" ]; then
