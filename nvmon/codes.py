@@ -80,6 +80,17 @@ NODE_CODES: dict[str, Code] = {
     "power.cap": Code(_W, "GPU held at its power limit: check the enforced limit, PSUs and rack budget; "
                           "expected only briefly at peak load"),
     "thermal": Code(_W, "GPU thermal slowdown: check airflow, fans, inlet temperature and blanking panels"),
+    # The NVSwitch fabric (nvmon.audit.fabric): one not-ready / status finding per node (Fabric
+    # Manager serves the board), health per GPU with its field's severity (critical the most).
+    "fabric.not_ready": Code(_C, "GPU fabric not configured: NVLink peer-to-peer is unusable although links read "
+                                 "Active. systemctl status nvidia-fabricmanager (start it; its version must match "
+                                 "the driver's), journalctl -u nvidia-fabricmanager, nvidia-smi -q | grep -A8 Fabric"),
+    "fabric.status": Code(_C, "GPU fabric configured with an error: nvidia-smi -q | grep -A8 Fabric (Status), "
+                              "journalctl -u nvidia-fabricmanager; restart Fabric Manager, reset the GPUs or reboot; "
+                              "check NVSwitch and NVLink health (nvidia-smi nvlink -s)"),
+    "fabric.health": Code(_C, "GPU fabric degraded: nvidia-smi -q | grep -A14 Fabric names the health field; "
+                              "nvidia-smi nvlink -s -e, journalctl -u nvidia-fabricmanager; drain and reset the GPU "
+                              "if route unhealthy or a misconfiguration persists"),
     "ib.port_down": Code(_C, "IB port down: check cable and transceiver, the switch port, ibstat and the subnet "
                              "manager"),
     "ib.rate": Code(_W, "IB port below the expected rate or in Ethernet mode: check cable/transceiver type (HDR vs "

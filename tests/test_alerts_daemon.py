@@ -44,6 +44,8 @@ FAULTS = [
     ("gpu_lost=6", [("gpu.lost", {"gpu": 6})]),
     ("xid=3:79", [("gpu.xid", {"gpu": 3})]),  # an NVML event, held as an alert for a quiet window
     ("notsup=temperature", []),
+    ("fabric=in_progress", [("fabric.not_ready", {})]),  # Fabric Manager down: one alert for the node
+    ("fabric_health=route_unhealthy:2", [("fabric.health", {"gpu": 2})]),
 ]
 
 
@@ -194,6 +196,41 @@ async def test_a_fault_with_an_end_time_fires_and_resolves_in_the_same_run(tmp_p
     assert sorted(heard) == sorted([(fp, st) for fp in fired for st in ("firing", "resolved")])
     for fp in fired:
         assert heard.index((fp, "firing")) < heard.index((fp, "resolved"))
+    assert "Traceback" not in log
+
+
+@needs_mosquitto
+async def test_fabric_not_ready_waits_out_the_grace_pages_once_and_resolves_when_it_completes(tmp_path):
+    """Fabric Manager down from boot until 5 s in: the condition holds from the first tick, but
+    `fabric.not_ready` is a start-up-grace rule (the fabric completes seconds after the driver
+    loads), so it fires only once the 2 s grace is over: one critical alert for the node, resolved
+    after the fabric completes (read every 5 ticks, 1 s at 0.2 s)."""
+    argv, exec_out = recorder(tmp_path)
+    toml = ALERTS_TOML.replace("startup_grace_s = 0", "startup_grace_s = 2") + \
+        f'[[hooks]]\ntype = "exec"\ncommand = {json.dumps(argv)}\n'
+    with Broker(tmp_path) as broker:
+        async with Recorder(broker.url, "nvmon/v1/t/n1/alerts") as rec:
+            d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100,fabric=in_progress@0-5", extra_toml=toml).start()
+            try:
+                await rec.wait_for("alerts", lambda m: [(a["code"], a["state"]) for a in active_set(m)]
+                                   == [("fabric.not_ready", "firing")], timeout=15)
+                fired_at = len(rec.messages)
+                await wait_until(lambda: any(active_set(m) == [] for m in rec.messages[fired_at:]), 15,
+                                 "an empty active set once the fabric completes")
+                n = len(await wait_ticks(d.db, 1))
+                await wait_ticks(d.db, n + 5)  # 1 s more: nothing fires again
+            finally:
+                assert d.stop() == 0
+    log = d.log_text()
+    [row] = alert_rows(d.db)
+    assert (row["code"], row["severity"], row["status"], row["gpu"]) == \
+        ("fabric.not_ready", "critical", "resolved", None)
+    assert "systemctl status nvidia-fabricmanager" in row["runbook"] and "GPUs 0-7" in row["summary"]
+    first_tick = (await wait_ticks(d.db, 1))[0]
+    assert row["fired_ms"] / 1000 >= first_tick + 2 - 0.3  # not during the grace (one tick of slack)
+    assert row["ends_ms"] / 1000 >= first_tick + 5 - 0.3  # held while the fault did
+    heard = [(a["code"], a["severity"], a["status"]) for a in map(json.loads, (c["stdin"] for c in calls(exec_out)))]
+    assert heard == [("fabric.not_ready", "critical", "firing"), ("fabric.not_ready", "critical", "resolved")]
     assert "Traceback" not in log
 
 

@@ -131,7 +131,8 @@ def test_the_real_pynvml_structs_through_the_simulated_c_functions():
         for h, mask, summary in ((h0, 0x80, 1), (h1, 0x80 | 0x10, 2)):
             st = v3()
             sim.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(st))
-            assert (st.state & 0xFF, st.status, st.cliqueId, st.healthMask, st.healthSummary) == (3, 0, 0, mask, summary)
+            got = (st.state & 0xFF, st.status, st.cliqueId, st.healthMask, st.healthSummary)
+            assert got == (3, 0, 0, mask, summary)
             assert bytes(st.clusterUuid) == bytes(16)
         bad = v3()
         bad.version = 0x05000028  # a version the driver does not know

@@ -39,12 +39,13 @@ log = logging.getLogger("nvmon.alerts")
 
 # Built-in settings of a rule, between a config override and the `[alerts]` defaults.
 RULE_DEFAULTS: dict[str, dict[str, float]] = {"gpu.xid": {"for_s": 0.0, "window_s": 600.0, "min_count": 1}}
-PER_FINDING_SEVERITY = frozenset({"gpu.xid", "nvlink.topology"})  # the finding's severity (its Xid; a split board: warning) unless overridden
+PER_FINDING_SEVERITY = frozenset({"gpu.xid", "nvlink.topology", "fabric.health"})  # the finding's severity (its Xid; a split board: warning) unless overridden
 # Links train up after a reboot (NVLink through the fabric manager, IB through the subnet manager,
-# PCIe at power-on): these do not fire during the start-up grace period.
+# PCIe at power-on, the NVSwitch fabric some seconds after the driver loads, once Fabric Manager has
+# configured it): these do not fire during the start-up grace period.
 GRACE_CODES = frozenset({"nvlink.link_down", "nvlink.topology", "nvlink.speed", "ib.port_down", "ib.rate",
-                         "ib.count", "pcie.width", "pcie.gen"})
-_GPU_SCOPED = ("gpu.", "nvlink.", "pcie.", "power.", "thermal")  # judged from NVML
+                         "ib.count", "pcie.width", "pcie.gen", "fabric.not_ready"})
+_GPU_SCOPED = ("gpu.", "nvlink.", "pcie.", "power.", "thermal", "fabric.")  # judged from NVML
 
 RUNBOOKS: dict[str, str] = {code: c.runbook for code, c in NODE_CODES.items()}  # one table: nvmon.codes
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from nvmon.audit.fabric import _check_fabric
 from nvmon.audit.board import SPLIT_BOARDS, _check_topology, _expected_board, describe_board
 from nvmon.audit.findings import (
     AUDIT_SCHEMA,
@@ -106,6 +107,7 @@ def audit(sample: Sample, node_spec: NodeSpec = NodeSpec(), thresholds: Threshol
                 "NVLink, PCIe and power are judged only by generic rules",
                 observed=name, expected="known model"))
         findings += _check_topology(sample, node_spec)
+        findings += _check_fabric(sample)
     findings += _check_ib(sample.ib, node_spec, thresholds)
     return AuditReport(sample.node, _spec_profile(sample, node_spec, thresholds), _verdict(findings, sample, judged),
                        tuple(findings))

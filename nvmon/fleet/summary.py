@@ -24,6 +24,7 @@ from nvmon.wire.contract import Inventory, Tick, TickFinding
 # The fleet-table column that shows a finding code (an HCA's PCIe link is shown with IB).
 COLUMN_OF: dict[str, str] = {
     "nvlink.link_down": "links", "nvlink.topology": "links", "nvlink.speed": "links", "nvlink.errors": "links",
+    "fabric.not_ready": "links", "fabric.status": "links", "fabric.health": "links",  # NVLink unusable / degraded
     "pcie.width": "pcie", "pcie.gen": "pcie", "pcie.replay": "pcie",
     "ib.port_down": "ib", "ib.rate": "ib", "ib.errors": "ib", "ib.count": "ib",
     "power.limit": "power", "power.cap": "power", "thermal": "temp",

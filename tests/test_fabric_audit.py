@@ -1,0 +1,112 @@
+"""The audit of the NVSwitch fabric (nvmon/audit/fabric.py) on simulated boards, and `nvmon audit`
+on one with Fabric Manager down: the fault every other check misses (links Active, NV18)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from nvmon.audit import audit
+from nvmon.cli.node import audit as audit_command
+from nvmon.collect.node import NodeSampler
+from nvmon.model import GpuFabric, Topology
+from nvmon.sim.node import SimNode
+
+
+def sim_sample(spec: str):
+    node = SimNode(spec)
+    try:
+        sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync)
+        sampler.open()
+        s = sampler.sample()
+        sampler.close()
+        return s
+    finally:
+        node.close()
+
+
+def fabric_findings(spec: str):
+    s = sim_sample(spec)
+    return s, [f for f in audit(s).findings if f.code.startswith("fabric.")]
+
+
+@pytest.mark.parametrize("profile", ["hgx-h100", "hgx-h200", "hgx-h800", "hgx-b200"])
+def test_a_healthy_fabric_is_no_finding(profile):
+    s, found = fabric_findings(profile)
+    assert all(g.fabric.state == 3 for g in s.gpus) and found == []
+
+
+@pytest.mark.parametrize("profile", ["hgx-a100", "pairs-a100", "pcie-l40s"])
+def test_a_board_without_a_fabric_nvml_reports_is_no_finding(profile):
+    s, found = fabric_findings(profile)
+    assert all(g.fabric.state is None for g in s.gpus) and found == []
+
+
+@pytest.mark.parametrize("state,word", [("in_progress", "In Progress"), ("not_started", "Not Started")])
+def test_fabric_manager_down_is_one_critical_finding_for_the_node(state, word):
+    s, found = fabric_findings(f"hgx-h100,fabric={state}")
+    [f] = found
+    assert (f.code, f.severity, f.gpu) == ("fabric.not_ready", "critical", None)
+    assert f"GPUs 0-7 (state {word})" in f.message and "systemctl status nvidia-fabricmanager" in f.message
+    assert f.observed == {i: state for i in range(8)} and f.expected == "completed"
+    assert audit(s).verdict == "critical"
+    # the links still read Active through the NVSwitches: nothing else is found
+    assert {x.code for x in audit(s).findings} == {"fabric.not_ready", "nvlink.board"}
+
+
+def test_not_ready_without_nvswitch_links_is_not_judged():
+    s = sim_sample("hgx-h100,fabric=in_progress")
+    bare = replace(s, topology=Topology("none"), gpus=tuple(replace(g, nvlink=()) for g in s.gpus))
+    assert [f for f in audit(bare).findings if f.code.startswith("fabric.")] == []
+
+
+def test_completed_with_an_error_status_is_critical():
+    s, found = fabric_findings("hgx-h100,fabric_status=insufficient_resources:5")
+    [f] = found
+    assert (f.code, f.severity, f.gpu) == ("fabric.status", "critical", None)
+    assert "GPU 5 completed with status Insufficient Resources (23)" in f.message
+    assert f.observed == {5: "Insufficient Resources (23)"}
+
+
+@pytest.mark.parametrize("bit,severity,words", [
+    ("route_unhealthy", "critical", "route unhealthy"),
+    ("incorrect_configuration", "critical", "incorrect configuration (insufficient NVLinks)"),
+    ("degraded_bandwidth", "warning", "degraded bandwidth"),
+    ("route_recovery", "warning", "route recovery in progress"),
+    ("access_timeout_recovery", "warning", "access-timeout recovery"),
+    ("unhealthy", "critical", "health summary Unhealthy"),
+    ("limited_capacity", "warning", "health summary Limited Capacity"),
+])
+def test_a_health_field_is_named_with_its_severity(bit, severity, words):
+    s, found = fabric_findings(f"hgx-b200,fabric_health={bit}:3")
+    [f] = found
+    assert (f.code, f.severity, f.gpu) == ("fabric.health", severity, 3)
+    assert words in f.message and bit in f.observed
+
+
+def test_hopper_reports_no_summary_but_the_mask_bit_is_judged():
+    s, found = fabric_findings("hgx-h100,fabric_health=degraded_bandwidth:1")
+    [f] = found
+    assert s.gpus[1].fabric.health_summary in (None, 0)
+    assert f.severity == "warning" and f.observed == ["degraded_bandwidth"]
+
+
+def test_a_lost_gpu_or_an_unread_fabric_is_not_judged():
+    s = sim_sample("hgx-h100")
+    gpus = list(s.gpus)
+    gpus[0] = replace(gpus[0], lost=True, fabric=GpuFabric(state=2))
+    gpus[1] = replace(gpus[1], fabric=GpuFabric())
+    assert [f for f in audit(replace(s, gpus=tuple(gpus))).findings if f.code.startswith("fabric.")] == []
+
+
+def test_nvmon_audit_exits_2_and_says_what_to_run():
+    r = CliRunner().invoke(audit_command, ["--sim", "hgx-h100,fabric=in_progress", "--json"])
+    assert r.exit_code == 2, r.output
+    report = json.loads(r.output)
+    [f] = [f for f in report["findings"] if f["code"] == "fabric.not_ready"]
+    assert f["severity"] == "critical" and "nvidia-smi -q | grep -A8 Fabric" in f["message"]
+    ok = CliRunner().invoke(audit_command, ["--sim", "hgx-h100", "--json"])
+    assert ok.exit_code == 0 and not [f for f in json.loads(ok.output)["findings"] if f["code"].startswith("fabric")]
