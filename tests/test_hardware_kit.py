@@ -3,6 +3,7 @@ command it prints, and its whole sequence run end to end in simulator mode."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -160,5 +161,12 @@ def test_kit_runs_its_whole_sequence_on_the_simulator(tmp_path):
     assert rows[("gpu 0", "power limit max")] == "match" and rows[("gpu 0", "NVLink speed per link")] == "match"
     assert rows[("gpu 0", "uuid")] == "DIFFERS"
     assert "summary:" in (out / "compare.txt").read_text()
+    # Every third-party module the daemon loaded comes from a distribution requirements.txt pins,
+    # or the wheels installed on a node would not run it.
+    dists = importlib.metadata.packages_distributions()
+    pins = prepare.pins(KIT / "requirements.txt")
+    unpinned = {m: dists.get(m) for m in d["modules"] if not m.startswith("_")
+                and not {prepare.norm(x) for x in dists.get(m, [m])} & set(pins)}
+    assert not unpinned, f"imported by the daemon, not in bench/hardware/requirements.txt: {unpinned}"
     assert "DCGM_FI_DEV_POWER_USAGE" in (out / "metrics.txt").read_text()
     assert "sim mode: no capture of `nvidia-smi topo -m`" in (out / "nvidia-smi.txt").read_text()

@@ -177,8 +177,12 @@ class Kit:
                     cpu0, wall0 = _cpu_s(child.pid, tick), now
                 rss.append(_rss_kib(child.pid))
                 if now >= next_scrape:
-                    next_scrape = now + SCRAPE_EVERY_S
-                    d["scrapes"].append(self._scrape(url))
+                    got = self._scrape(url)
+                    if got["ok"] and "first_scrape_s" not in d:
+                        d["first_scrape_s"] = round(now - start, 1)  # the daemon's start, /metrics up
+                    if got["ok"] or "first_scrape_s" in d:  # before the endpoint is up: retry each second
+                        d["scrapes"].append(got)
+                    next_scrape = now + (SCRAPE_EVERY_S if "first_scrape_s" in d else 1.0)
             if cpu0 is not None and child.poll() is None:
                 d["cpu_pct_of_one_core"] = round((_cpu_s(child.pid, tick) - cpu0) / (time.monotonic() - wall0) * 100, 2)
                 d["cpu_window_s"] = round(time.monotonic() - wall0, 1)

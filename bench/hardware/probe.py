@@ -164,6 +164,9 @@ def main() -> int:
             result["daemon"] = {"ticks": st.ticks, "missed_ticks": st.missed_ticks,
                                 "sample_errors": st.sample_errors,
                                 "sample_ms_mean": round(st.sample_seconds_total / st.ticks * 1e3, 3) if st.ticks else None}
+        # The third-party modules the daemon loaded: the kit's test holds requirements.txt to them.
+        result["modules"] = sorted({m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names)
+                                   - {"nvmon", "__main__", "timed_nvml", "probe"})
         result["nvml_calls"] = timed["daemon"].stats(ticks) if "daemon" in timed else {}
         result["probe_calls"] = timed["probe"].stats() if timed.get("probe") is not None else {}
         a.stats.write_text(json.dumps(result, indent=1))
