@@ -19,22 +19,22 @@ and types each outcome: a value, `Unsupported`, `Lost` or `Failed`. Per GPU, `_G
 them into (a) "unsupported" — recorded once as a capability and the query dropped; a function or
 field id the bindings lack is unsupported from the start and never requested —, (b) `_Lost`, which
 marks that GPU lost, or (c) a note on the GPU for any other error. One GPU's or one field's failure
-never loses the rest.
+never loses the rest. (`_Gpu`, the per-GPU state, is in `nvml_gpu`.)
 """
 
 from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from operator import itemgetter, sub
 from typing import Any
 
 from nvmon.collect import fabric, nvml_fields as F
-from nvmon.collect.nvml_api import Api, Lost, NoValue, Unsupported, bindings_version
+from nvmon.collect.nvml_api import Api, NoValue, bindings_version
 from nvmon.collect.nvml_batch import FieldBatch, Readings
 from nvmon.collect.nvml_events import XidEvents
+from nvmon.collect.nvml_gpu import _Gpu, _Link, _Lost, _num, _text
 from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus, PcieLink
 
 LINK_KEYS = ("state", "speed", "tx", "rx") + NVLINK_ERROR_KINDS
@@ -45,93 +45,6 @@ SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
 CLOCKS = ("sm_clock", "memory", "sm_clock", "memory", "mem_clock")
 LOST_RETRY_TICKS = 30
 MAX_ERROR_MAPS = 512  # per GPU, cleared when full: ~150 KB at most, even with every link erroring
-
-
-class _Lost(Exception):
-    """Raised out of a GPU's reading when NVML says the GPU is lost."""
-
-
-@dataclass(slots=True)
-class _Link:
-    link: int
-    version: int | None = None
-    remote_type: str | None = None
-    remote_bus_id: str | None = None
-
-
-@dataclass(slots=True)
-class _Gpu:
-    """Per-GPU state: handle, static facts, the last hot values, what is unsupported."""
-
-    api: Api
-    index: int
-    counter: list[int]  # shared call counter [n]
-    handle: Any = None
-    lost: bool = False
-    name: str | None = None
-    uuid: str | None = None
-    serial: str | None = None
-    bus_id: str | None = None
-    default_limit_w: float | None = None
-    max_limit_w: float | None = None
-    max_gen: int | None = None
-    device_max_gen: int | None = None
-    max_width: int | None = None
-    sm_max_hz: int | None = None
-    mem_max_hz: int | None = None
-    link_count: int = 0
-    links: list[_Link] = field(default_factory=list)
-    # The links' static facts as columns (number, version, remote type, remote bus id), for _assemble.
-    link_cols: tuple[tuple, tuple, tuple, tuple] = ((), (), (), ())
-    unsupported: set[str] = field(default_factory=set)
-    last: dict[str, Any] = field(default_factory=dict)  # rotated getter values, carried over
-    notes: dict[str, str] = field(default_factory=dict)
-    batch: FieldBatch | None = None  # the per-tick field-value request
-    layout: list[tuple[str, int | None]] = field(default_factory=list)  # what each batch entry is
-    slot: dict[tuple[str, int | None], int] = field(default_factory=dict)  # (key, link) → entry
-    prev_values: list = field(default_factory=list)  # last tick's value per entry, for deltas
-    prev_ts_us: list = field(default_factory=list)  # and its timestamp
-    prev_complete: bool = False  # every entry of the last tick answered
-    error_maps: dict[tuple, dict] = field(default_factory=dict)  # link error counts → shared dict
-    # Over all links at once, in link order: (state, speed) pairs, (tx, rx) pairs, error counts
-    # (NVLINK_ERROR_KINDS each); None when the GPU has no links.
-    link_get: tuple[Callable, Callable, Callable] | None = None
-    rotation: Any = None
-    lost_ticks: int = 0
-
-    def call(self, what: str, fn, *args):
-        """One NVML call through the chokepoint: its value, or a NoValue (Unsupported recorded as a
-        capability, Failed as a note); raises _Lost for a lost GPU. `fn` None: the bindings lack it."""
-        if fn is not None:
-            self.counter[0] += 1
-        value = self.api.call(fn, *args)
-        if isinstance(value, NoValue):
-            if isinstance(value, Unsupported):
-                self.unsupported.add(what)
-            elif isinstance(value, Lost):
-                raise _Lost()
-            else:
-                self.notes[what] = f"{what}: {value}"
-            return value
-        self.notes.pop(what, None)
-        return value
-
-    def ask(self, what: str, *args):
-        """`call` with the function resolved for `what` (nvml_fields.FUNCTIONS)."""
-        return self.call(what, self.api.fn[what], *args)
-
-
-def _text(v) -> str | None:
-    if v is None or isinstance(v, NoValue):
-        return None
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-
-
-def _num(v, scale: float | None = None) -> float | int | None:
-    """A getter's value (scaled when asked), or None for 'unsupported' / 'unreadable'."""
-    if v is None or isinstance(v, NoValue):
-        return None
-    return v if scale is None else v * scale
 
 
 class NvmlCollector:
