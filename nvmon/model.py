@@ -142,16 +142,10 @@ class GpuSample:
     # Xid numbers of the NVML Xid-critical-error events delivered this tick, in arrival order
     # (999 = an Xid NVML could not identify). Events, not state: empty on most ticks.
     xid_events: tuple[int, ...] = ()
-    # Clocks (Hz; NVML reports MHz) and framebuffer memory (bytes); maxima and the total are read
-    # once. Memory (HBM) temperature from NVML_FI_DEV_MEMORY_TEMP. (nvmon/catalog/metrics.py)
-    sm_clock_hz: int | None = None
-    sm_clock_max_hz: int | None = None
-    mem_clock_hz: int | None = None
-    mem_clock_max_hz: int | None = None
-    fb_used_bytes: int | None = None
-    fb_free_bytes: int | None = None
-    fb_total_bytes: int | None = None
-    memory_temperature_c: float | None = None
+    # The catalog's metrics that have no field of their own (nvmon/catalog/metrics.py, `IN_VALUES`:
+    # clocks, framebuffer memory, memory temperature, ...), by metric name, in catalog order; None:
+    # could not be read. The sample JSON writes them as keys of the GPU's object (`inline`).
+    values: dict[str, int | float | None] = field(default_factory=dict, metadata={"inline": True})
     fabric: GpuFabric = NO_FABRIC  # read every few seconds (nvmon/collect/fabric.py)
 
 
@@ -232,10 +226,14 @@ class Sample:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Dataclasses → plain dicts/lists for JSON. `class_` is written as `class`."""
+    """Dataclasses → plain dicts/lists for JSON. `class_` is written as `class`; a field marked
+    `inline` (a mapping: `GpuSample.values`) is written as keys of its object."""
     if is_dataclass(obj):
         out = {}
         for f in fields(obj):
+            if f.metadata.get("inline"):  # a mapping whose keys are the object's own
+                out.update(to_jsonable(getattr(obj, f.name)))
+                continue
             key = "class" if f.name == "class_" else f.name
             out[key] = to_jsonable(getattr(obj, f.name))
         return out

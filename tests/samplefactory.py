@@ -99,11 +99,11 @@ def healthy_sample(
             nvlink=make_links(slots, links, spec.nvlink_version if spec else None,
                               spec.nvlink_link_mbps if spec else None, remote, busy),
             nvlink_count=slots,
-            sm_clock_hz=1_980_000_000 if busy else 345_000_000, sm_clock_max_hz=1_980_000_000,
-            mem_clock_hz=2_619_000_000, mem_clock_max_hz=2_619_000_000,
-            fb_used_bytes=(70_000 if busy else 4) * 2**20,
-            fb_free_bytes=(81_559 - 531 - (70_000 if busy else 4)) * 2**20,
-            fb_total_bytes=81_559 * 2**20, memory_temperature_c=69.0 if busy else 38.0,
+            values={"sm_clock_hz": 1_980_000_000 if busy else 345_000_000, "sm_clock_max_hz": 1_980_000_000,
+                    "mem_clock_hz": 2_619_000_000, "mem_clock_max_hz": 2_619_000_000,
+                    "fb_used_bytes": (70_000 if busy else 4) * 2**20,
+                    "fb_free_bytes": (81_559 - 531 - (70_000 if busy else 4)) * 2**20,
+                    "fb_total_bytes": 81_559 * 2**20, "memory_temperature_c": 69.0 if busy else 38.0},
         )
         for i in range(n_gpus)
     )

@@ -51,6 +51,8 @@ def test_every_path_reads_a_value_of_the_sample():
     for m in METRICS:
         if m.path is not None:
             m.get(on[m.scope])  # raises AttributeError on a path the model does not have
+        if m.in_values:
+            assert m.scope is Scope.GPU and m.name in s.gpus[0].values, m.name
 
 
 def test_every_stored_column_exists_and_every_tick_column_is_written(columns):
@@ -84,7 +86,7 @@ def test_families_name_catalog_metrics_with_a_gpu_path():
     for f in FAMILIES:
         if f.metric is not None:
             m = BY_NAME[f.metric]
-            assert f.scope == "GPU" and m.scope is Scope.GPU and m.path is not None, f.name
+            assert f.scope == "GPU" and m.scope is Scope.GPU and m.sampled, f.name
     assert len({f.name for f in FAMILIES}) == len(FAMILIES)
 
 
@@ -152,7 +154,8 @@ def test_a_version_2_database_opens_keeps_its_rows_and_gains_the_new_columns(tmp
         from dataclasses import replace
 
         s = replace(healthy_sample(), ts=1_700_000_000.0,
-                    gpus=(replace(g, sm_clock_hz=1_980_000_000, memory_temperature_c=66.0),))
+                    gpus=(replace(g, values={**g.values, "sm_clock_hz": 1_980_000_000,
+                                             "memory_temperature_c": 66.0}),))
         store.write(s)
         new = store.query("SELECT sm_clock_hz, memory_temperature_c FROM gpu_ticks WHERE ts_ms = ?",
                           (1_700_000_000_000,))

@@ -8,21 +8,25 @@ from nvmon.catalog.metrics import (
     BY_NAME,
     GPU_FACTS,
     GPU_TICK_SCALARS,
+    GPU_VALUES,
     GPU_WIRE,
     GPU_WIRE_FACTS,
     GPU_WIRE_READ,
+    IN_VALUES,
     METRICS,
     Encode,
     Kind,
     Metric,
+    Prom,
     Rollup,
     Scope,
     Static,
+    getter,
     of_scope,
 )
 
 __all__ = [
-    "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_TICK_SCALARS", "GPU_WIRE", "GPU_WIRE_FACTS",
-    "GPU_WIRE_READ", "METRICS", "SCOPE_LABELS", "Encode", "Family", "Kind", "Metric", "Rollup", "Scope", "Static",
-    "of_scope",
+    "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_TICK_SCALARS", "GPU_VALUES", "GPU_WIRE",
+    "GPU_WIRE_FACTS", "GPU_WIRE_READ", "IN_VALUES", "METRICS", "SCOPE_LABELS", "Encode", "Family", "Kind", "Metric",
+    "Prom", "Rollup", "Scope", "Static", "getter", "of_scope",
 ]

@@ -40,9 +40,9 @@ def gpu_metrics_table() -> str:
     """docs/sample-schema.md: the catalog's per-GPU metrics, where each lives in the sample."""
     rows = ["| key | unit | kind | meaning | stored | wire |", "| --- | --- | --- | --- | --- | --- |"]
     for m in METRICS:
-        if m.scope is Scope.GPU and m.path is not None:
+        if m.scope is Scope.GPU and m.sampled:
             stored = ("inventory" if m.static is Static.FACT else f"`{m.column}`") if m.column else ""
-            rows.append(f"| `{m.path}` | {m.unit} | {m.kind.value} | {m.doc} | {stored} | "
+            rows.append(f"| `{m.key}` | {m.unit} | {m.kind.value} | {m.doc} | {stored} | "
                         f"{'`' + m.wire + '`' if m.wire else ''} |")
     return "\n".join(rows)
 

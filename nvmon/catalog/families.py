@@ -8,13 +8,16 @@ rate), its type is kept and the value follows its semantics: docs/prometheus.md 
 Everything else is nvmon's own, under `nvmon_`, in base units, counters ending in `_total`.
 
 Each family has the label set of its scope (`SCOPE_LABELS`) plus its own `labels`. A family that
-names a catalog `metric` is filled from that metric's Sample path, per GPU, by the exporter's one
-generic loop; the others are computed in `nvmon.export.collector`.
+names a catalog `metric` is filled from that metric's Sample value, per GPU, by the exporter's one
+generic loop; the others are computed in `nvmon.export.collector`. A metric may declare its family
+itself (`Metric.prom`, nvmon.catalog.metrics): it joins `DECLARED`, and no entry is needed here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from nvmon.catalog.metrics import METRICS
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")  # dcgm-exporter's, its order
 SCOPE_LABELS = {
@@ -93,22 +96,22 @@ DCGM = (
     _m("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "GPU", "Total number of NVLink recovery errors."),
 )
 
-# Clocks, framebuffer and memory temperature: dcgm-exporter's default counters (MHz, MiB, C).
-DCGM_CLOCKS = (
-    _m("DCGM_FI_DEV_SM_CLOCK", "gauge", "GPU", "SM clock frequency (in MHz).", metric="sm_clock_hz", divisor=1e6),
-    _m("DCGM_FI_DEV_MEM_CLOCK", "gauge", "GPU", "Memory clock frequency (in MHz).", metric="mem_clock_hz",
-       divisor=1e6),
-    _m("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "GPU", "Memory temperature (in C).", metric="memory_temperature_c"),
-    _m("DCGM_FI_DEV_FB_FREE", "gauge", "GPU", "Framebuffer memory free (in MiB).", metric="fb_free_bytes",
-       divisor=2**20),
-    _m("DCGM_FI_DEV_FB_USED", "gauge", "GPU", "Framebuffer memory used (in MiB).", metric="fb_used_bytes",
-       divisor=2**20),
-    _m("nvmon_gpu_sm_clock_max_hertz", "gauge", "GPU", "Highest SM clock of the GPU (nvmlDeviceGetMaxClockInfo).",
-       metric="sm_clock_max_hz"),
-    _m("nvmon_gpu_mem_clock_max_hertz", "gauge", "GPU", "Highest memory clock of the GPU.", metric="mem_clock_max_hz"),
-    _m("nvmon_gpu_fb_total_bytes", "gauge", "GPU", "Framebuffer memory size (nvmlDeviceGetMemoryInfo total).",
-       metric="fb_total_bytes"),
-)
+# The families catalog metrics declare on themselves (`Metric.prom`), per GPU, after dcgm-exporter's
+# group: in catalog order, except that the first eight keep the places nvmon 2's page gave them (so
+# pages stay byte-identical; Prometheus itself does not care).
+_KEPT_ORDER = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_FB_FREE",
+               "DCGM_FI_DEV_FB_USED", "nvmon_gpu_sm_clock_max_hertz", "nvmon_gpu_mem_clock_max_hertz",
+               "nvmon_gpu_fb_total_bytes")
+
+
+def _declared() -> tuple[Family, ...]:
+    fams = [Family(m.prom.name, m.prom.type, m.prom.help, (), "GPU", m.name, m.prom.divisor)
+            for m in METRICS if m.prom is not None]
+    kept = {name: i for i, name in enumerate(_KEPT_ORDER)}
+    return tuple(sorted(fams, key=lambda f: kept.get(f.name, len(kept))))  # stable: catalog order after
+
+
+DECLARED = _declared()
 
 NVMON = (
     # node
@@ -197,5 +200,5 @@ NVMON = (
        "CPU time spent rendering and compressing this page (the exporter's cost to the daemon)."),
 )
 
-FAMILIES: tuple[Family, ...] = DCGM + DCGM_CLOCKS + NVMON
+FAMILIES: tuple[Family, ...] = DCGM + DECLARED + NVMON
 BY_FAMILY: dict[str, Family] = {f.name: f for f in FAMILIES}

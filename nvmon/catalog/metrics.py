@@ -1,10 +1,11 @@
 """The metric table: every metric nvmon samples, declared once.
 
 A `Metric` says what a value is (name, unit, kind, scope, one doc line), where it lives in the
-`Sample` (`path`, an attribute path on the scope's object: `GpuSample`, `IbPortSample`, `Sample`),
+`Sample` (`path`, an attribute path on the scope's object: `GpuSample`, `IbPortSample`, `Sample`;
+or `IN_VALUES`: in `GpuSample.values` under its name, so that a new metric needs no model field),
 how it is stored (`column`, `encode`, `rollup`), sent (`wire`), shown (`label`, `fmt`) and exported
-(the Prometheus `Family`s whose `metric` names it). The layers read this table instead of naming
-the metric again:
+(its own Prometheus family, `prom`, and the `Family`s of families.py whose `metric` names it). The
+layers read this table instead of naming the metric again:
 
 - the store builds its INSERTs, the per-tick row of every GPU's scalars and the rollup SQL from it,
   and adds a column a new entry declares to an existing database (`nvmon.store.schema`);
@@ -24,9 +25,14 @@ This module imports only the standard library and `nvmon.model`: every layer may
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from operator import attrgetter
+from operator import attrgetter, itemgetter
+from typing import Any
+
+# `Metric.path` of a per-GPU metric kept in `GpuSample.values` under its name (not a field of its own).
+IN_VALUES = "values"
 
 
 class Kind(StrEnum):
@@ -78,6 +84,17 @@ class Static(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Prom:
+    """A metric's own Prometheus family (nvmon.catalog.families places it on the page): one series
+    per GPU, the metric's value divided by `divisor` (the unit dcgm-exporter uses: MHz, MiB)."""
+
+    name: str
+    help: str
+    divisor: float | None = None
+    type: str = "gauge"
+
+
+@dataclass(frozen=True, slots=True)
 class Metric:
     name: str  # `nvmon history --metric` name; units in the name (`_w`, `_hz`, `_bytes_per_s`)
     unit: str  # for tables and docs: "W", "Hz", "B/s", "°C", "%", "count", "" ...
@@ -104,12 +121,30 @@ class Metric:
     wire_divisor: int | None = None  # sent in these units (the key says which: `sm_mhz`), read back ×
     static: Static = Static.TICK
     history: bool = True  # offered by `nvmon history`
+    prom: Prom | None = None  # its Prometheus family, when it has one of its own
 
     @property
-    def get(self) -> attrgetter:
-        """The getter of `path` (a metric without one has no getter)."""
+    def in_values(self) -> bool:
+        """Kept in `GpuSample.values` under its name."""
+        return self.path == IN_VALUES
+
+    @property
+    def sampled(self) -> bool:
+        """Read from the Sample (a path, or `values`), not derived by the store's codec."""
+        return self.path is not None
+
+    @property
+    def key(self) -> str | None:
+        """Where the sample JSON has it: the path, or its name for a metric in `values`."""
+        return self.name if self.in_values else self.path
+
+    @property
+    def get(self) -> Callable[[Any], Any]:
+        """The getter of its value on the scope's Sample object (a metric without a path has none)."""
         if self.path is None:
             raise AttributeError(f"metric {self.name} is derived by the store, it has no Sample path")
+        if self.in_values:
+            return lambda obj, name=self.name: obj.values.get(name)
         return attrgetter(self.path)
 
     def rollup_stats(self) -> dict[str, str]:
@@ -148,6 +183,7 @@ class Metric:
 
 
 G, L, IB, N = Scope.GPU, Scope.NVLINK, Scope.IB_PORT, Scope.NODE
+V = IN_VALUES
 E = Encode
 R = Rollup
 
@@ -178,31 +214,38 @@ METRICS: tuple[Metric, ...] = (
     Metric("pcie_replay_delta", "count", Kind.COUNTER, G, "PCIe replays in the interval",
            "pcie.replay_errors_delta", "pcie_replay_delta", "INTEGER", E.INTEGER, R.SUM, label="replays"),
     # Clocks and framebuffer memory: nvmlDeviceGetClockInfo / GetMaxClockInfo (MHz, stored in Hz),
-    # nvmlDeviceGetMemoryInfo_v2 (bytes), NVML_FI_DEV_MEMORY_TEMP (°C, in the field-value batch).
+    # nvmlDeviceGetMemoryInfo_v2 (bytes), NVML_FI_DEV_MEMORY_TEMP (°C, in the field-value batch). They
+    # live in `GpuSample.values` (the sample JSON lists them in this order), each with its family.
     # The wire carries SM clock, framebuffer used and memory temperature in its units (MHz, MiB, °C:
     # ~135 bytes a tick for 8 GPUs; the sample stays under 2 KB), the rest stays on the node.
-    Metric("sm_clock_hz", "Hz", Kind.GAUGE, G, "SM clock", "sm_clock_hz", "sm_clock_hz", "INTEGER", E.INTEGER,
-           R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sm_mhz",
-           wire_range=(0, 10**5), wire_divisor=10**6),
-    Metric("mem_clock_hz", "Hz", Kind.GAUGE, G, "memory clock", "mem_clock_hz", "mem_clock_hz", "INTEGER",
-           E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz"),
-    Metric("fb_used_bytes", "B", Kind.GAUGE, G, "framebuffer memory in use (beside the driver's reservation)",
-           "fb_used_bytes", "fb_used_bytes", "INTEGER", E.INTEGER, R.MIN_AVG_MAX, label="fb used", fmt="mib",
-           wire="fb_mib", wire_range=(0, 2**30), wire_divisor=2**20),
-    Metric("fb_free_bytes", "B", Kind.GAUGE, G, "framebuffer memory free", "fb_free_bytes", "fb_free_bytes",
-           "INTEGER", E.INTEGER, R.MIN_MAX, label="fb free", fmt="mib"),
-    Metric("memory_temperature_c", "°C", Kind.GAUGE, G, "memory (HBM) temperature", "memory_temperature_c",
-           "memory_temperature_c", rollup=R.MIN_AVG_MAX, label="mem temp", fmt="c", wire="mt", wire_digits=0,
-           wire_range=(-100, 300)),
-    Metric("sm_clock_max_hz", "Hz", Kind.GAUGE, G, "highest SM clock the GPU runs at", "sm_clock_max_hz",
+    Metric("sm_clock_hz", "Hz", Kind.GAUGE, G, "SM clock", V, "sm_clock_hz", "INTEGER", E.INTEGER,
+           R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sm_mhz", wire_range=(0, 10**5), wire_divisor=10**6,
+           prom=Prom("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1e6)),
+    Metric("sm_clock_max_hz", "Hz", Kind.GAUGE, G, "highest SM clock the GPU runs at", V,
            "sm_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="sm max",
-           fmt="mhz", wire="sm_clock_max_hz"),
-    Metric("mem_clock_max_hz", "Hz", Kind.GAUGE, G, "highest memory clock", "mem_clock_max_hz",
+           fmt="mhz", wire="sm_clock_max_hz",
+           prom=Prom("nvmon_gpu_sm_clock_max_hertz", "Highest SM clock of the GPU (nvmlDeviceGetMaxClockInfo).")),
+    Metric("mem_clock_hz", "Hz", Kind.GAUGE, G, "memory clock", V, "mem_clock_hz", "INTEGER",
+           E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz",
+           prom=Prom("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1e6)),
+    Metric("mem_clock_max_hz", "Hz", Kind.GAUGE, G, "highest memory clock", V,
            "mem_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="mem max",
-           fmt="mhz", wire="mem_clock_max_hz"),
-    Metric("fb_total_bytes", "B", Kind.GAUGE, G, "framebuffer memory size", "fb_total_bytes", "fb_total_bytes",
+           fmt="mhz", wire="mem_clock_max_hz",
+           prom=Prom("nvmon_gpu_mem_clock_max_hertz", "Highest memory clock of the GPU.")),
+    Metric("fb_used_bytes", "B", Kind.GAUGE, G, "framebuffer memory in use (beside the driver's reservation)",
+           V, "fb_used_bytes", "INTEGER", E.INTEGER, R.MIN_AVG_MAX, label="fb used", fmt="mib",
+           wire="fb_mib", wire_range=(0, 2**30), wire_divisor=2**20,
+           prom=Prom("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 2**20)),
+    Metric("fb_free_bytes", "B", Kind.GAUGE, G, "framebuffer memory free", V, "fb_free_bytes",
+           "INTEGER", E.INTEGER, R.MIN_MAX, label="fb free", fmt="mib",
+           prom=Prom("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", 2**20)),
+    Metric("fb_total_bytes", "B", Kind.GAUGE, G, "framebuffer memory size", V, "fb_total_bytes",
            "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="fb total", fmt="mib",
-           wire="fb_total_bytes"),
+           wire="fb_total_bytes",
+           prom=Prom("nvmon_gpu_fb_total_bytes", "Framebuffer memory size (nvmlDeviceGetMemoryInfo total).")),
+    Metric("memory_temperature_c", "°C", Kind.GAUGE, G, "memory (HBM) temperature", V,
+           "memory_temperature_c", rollup=R.MIN_AVG_MAX, label="mem temp", fmt="c", wire="mt", wire_digits=0,
+           wire_range=(-100, 300), prom=Prom("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")),
     Metric("pcie_replay_errors", "count", Kind.COUNTER, G, "PCIe replays since driver load",
            "pcie.replay_errors", history=False),
     # Static facts: the store keeps them in `inventory` (a row when they change), not per tick.
@@ -276,14 +319,37 @@ def of_scope(scope: Scope) -> tuple[Metric, ...]:
     return tuple(m for m in METRICS if m.scope is scope)
 
 
+def getter(metrics: Sequence[Metric]) -> Callable[[Any], tuple]:
+    """obj → the metrics' values as one tuple, in order. This runs for every GPU every tick (store,
+    exporter), so the attribute paths are read by one C-level attrgetter and the `values` ones by
+    one map over the dict, and one itemgetter puts them back in order."""
+    attrs = [m.path for m in metrics if not m.in_values]
+    keys = [m.name for m in metrics if m.in_values]
+    if not metrics:
+        return lambda obj: ()
+    get_attrs = attrgetter(*attrs) if attrs else (lambda obj: ())
+    if len(attrs) == 1:
+        one = get_attrs
+        get_attrs = lambda obj: (one(obj),)  # noqa: E731 - attrgetter of one path gives a bare value
+    if not keys:
+        return get_attrs
+    # Position of each metric in (attribute values..., values' values...).
+    at_attr, at_key = iter(range(len(attrs))), iter(range(len(attrs), len(metrics)))
+    order = [next(at_key) if m.in_values else next(at_attr) for m in metrics]
+    pick = itemgetter(*order) if len(order) > 1 else (lambda t, i=order[0]: (t[i],))
+    return lambda obj: pick(get_attrs(obj) + tuple(map(obj.values.get, keys)))
+
+
 # The GPU metrics the store reads straight from a GpuSample, one column each, in catalog order.
 GPU_TICK_SCALARS: tuple[Metric, ...] = tuple(
-    m for m in of_scope(G) if m.path is not None and m.column is not None and m.static is Static.TICK)
+    m for m in of_scope(G) if m.sampled and m.column is not None and m.static is Static.TICK)
 # GPU metrics kept as facts (inventory), not per tick.
-GPU_FACTS: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.path is not None and m.static is Static.FACT)
+GPU_FACTS: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.sampled and m.static is Static.FACT)
+# GPU metrics kept in GpuSample.values, in catalog order (the sample JSON's order).
+GPU_VALUES: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.in_values)
 # Per-GPU arrays of the wire `sample` payload filled from a metric's path, and the per-GPU keys of
 # the wire `inventory` filled from the static ones.
-GPU_WIRE: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.wire and m.path and m.static is Static.TICK)
+GPU_WIRE: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.wire and m.sampled and m.static is Static.TICK)
 GPU_WIRE_FACTS: tuple[Metric, ...] = tuple(m for m in GPU_FACTS if m.wire)
 # The per-GPU wire arrays the reader takes through the catalog (into GpuTick.values).
 GPU_WIRE_READ: tuple[Metric, ...] = tuple(m for m in GPU_WIRE if m.wire_range is not None)

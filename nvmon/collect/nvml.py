@@ -30,6 +30,7 @@ from dataclasses import replace
 from operator import itemgetter, sub
 from typing import Any
 
+from nvmon.catalog import GPU_VALUES
 from nvmon.collect import fabric, nvml_fields as F
 from nvmon.collect.nvml_api import Api, NoValue, bindings_version
 from nvmon.collect.nvml_batch import FieldBatch, Readings
@@ -44,6 +45,7 @@ SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
 # and memory every 2-3 ticks, the memory clock, which HBM keeps fixed, every 5).
 CLOCKS = ("sm_clock", "memory", "sm_clock", "memory", "mem_clock")
 LOST_RETRY_TICKS = 30
+LOST_VALUES = tuple(m.name for m in GPU_VALUES)  # a lost GPU's: every one unknown
 MAX_ERROR_MAPS = 512  # per GPU, cleared when full: ~150 KB at most, even with every link erroring
 
 
@@ -271,7 +273,8 @@ class NvmlCollector:
 
     def _lost_sample(self, g: _Gpu) -> GpuSample:
         return GpuSample(index=g.index, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id,
-                         lost=True, throttle_reasons=None, notes=("GPU is lost: fallen off the bus or otherwise inaccessible",))
+                         lost=True, throttle_reasons=None, notes=("GPU is lost: fallen off the bus or otherwise inaccessible",),
+                         values=dict.fromkeys(LOST_VALUES))
 
     def _read_hot(self, g: _Gpu) -> GpuSample:
         nv = self.nvml
@@ -402,9 +405,11 @@ class NvmlCollector:
             temperature_c=g.last.get("temperature"), utilization_pct=g.last.get("utilization"),
             throttle_reasons=g.last.get("throttle"), pcie=pcie, nvlink=tuple(links),
             nvlink_count=g.link_count, notes=tuple(g.notes.values()),
-            sm_clock_hz=g.last.get("sm_clock"), sm_clock_max_hz=g.sm_max_hz, mem_clock_hz=g.last.get("mem_clock"),
-            mem_clock_max_hz=g.mem_max_hz, fb_used_bytes=memory[0], fb_free_bytes=memory[1],
-            fb_total_bytes=memory[2], memory_temperature_c=value("memory_temp"), fabric=self.fabric.of(g),
+            values={"sm_clock_hz": g.last.get("sm_clock"), "sm_clock_max_hz": g.sm_max_hz,
+                    "mem_clock_hz": g.last.get("mem_clock"), "mem_clock_max_hz": g.mem_max_hz,
+                    "fb_used_bytes": memory[0], "fb_free_bytes": memory[1], "fb_total_bytes": memory[2],
+                    "memory_temperature_c": value("memory_temp")},
+            fabric=self.fabric.of(g),
         )
 
 

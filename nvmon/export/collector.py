@@ -22,7 +22,7 @@ from prometheus_client.samples import Sample as PromSample
 
 from nvmon.audit import RULES, Judge
 from nvmon.audit import _is_active as ib_port_up  # one definition of a working port
-from nvmon.catalog import BY_NAME, FAMILIES
+from nvmon.catalog import BY_NAME, FAMILIES, getter
 from nvmon.export.catalog import METRICS
 from nvmon.export.exposition import Labels
 from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample
@@ -131,8 +131,7 @@ def advance(prev: Snapshot | None, sample: Sample) -> Snapshot:
 # (family, divisor) of every GPU family the catalog fills from a metric, and one getter of all
 # their values (dcgm-exporter's units: NVML's PCIe throughput is in KB/s, KB = 1024 bytes).
 _SIMPLE = tuple((fam.name, fam.divisor) for fam in FAMILIES if fam.metric is not None and fam.scope == "GPU")
-_SIMPLE_GET = attrgetter(*(BY_NAME[fam.metric].path for fam in FAMILIES if fam.metric is not None
-                           and fam.scope == "GPU"))
+_SIMPLE_GET = getter([BY_NAME[fam.metric] for fam in FAMILIES if fam.metric is not None and fam.scope == "GPU"])
 _LINK_ID = attrgetter("link")
 _ACTIVE = attrgetter("active")
 _SPEED = attrgetter("speed_mbps")

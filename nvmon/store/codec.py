@@ -17,7 +17,7 @@ from math import trunc
 from operator import attrgetter, call
 from typing import Any
 
-from nvmon.catalog import GPU_FACTS, GPU_TICK_SCALARS, Encode, Scope, of_scope
+from nvmon.catalog import GPU_FACTS, GPU_TICK_SCALARS, Encode, Scope, getter, of_scope
 from nvmon.model import IB_PHYS_STATES, IB_STATES, THROTTLE_BITS, GpuSample, IbPortSample, Sample
 
 MB = 1_000_000  # per-link rates are stored in MB/s (10^6 bytes/s), one uint16 per link
@@ -183,11 +183,11 @@ ENCODERS = {Encode.REAL: real, Encode.WHOLE: watts, Encode.RATE: rate, Encode.IN
 LINK_COLUMNS = ("nvlink_active", "nvlink_up_mask", "nvlink_down_mask", "nvlink_tx_bytes_per_s",
                 "nvlink_rx_bytes_per_s", "nvlink_errors_delta", "nvlink_tx_mb", "nvlink_rx_mb", "nvlink_errors")
 GPU_COLUMNS = ("ts_ms", "gpu", *(m.column for m in GPU_TICK_SCALARS), *LINK_COLUMNS, "notes")
-# attrgetter of many paths returns their values as one tuple, and map(call, ...) applies each
-# column's coercer to its value: both loops run in C (this runs for every GPU every tick).
-_GPU_GET = attrgetter(*(m.path for m in GPU_TICK_SCALARS))
+# The catalog's getter returns their values as one tuple (C-level attrgetter and dict lookups), and
+# map(call, ...) applies each column's coercer to its value (this runs for every GPU every tick).
+_GPU_GET = getter(GPU_TICK_SCALARS)
 _GPU_ENCODE = tuple(ENCODERS[m.encode] for m in GPU_TICK_SCALARS)
-_FACTS_GET = attrgetter(*(m.path for m in GPU_FACTS))
+_FACTS_GET = getter(GPU_FACTS)
 _FACTS = tuple((m.column, ENCODERS[m.encode]) for m in GPU_FACTS)
 # The node's row: its own columns around the catalog's host metrics (the ones read by path).
 _NODE_SCALARS = tuple(m for m in of_scope(Scope.NODE) if m.path is not None and m.column is not None)

@@ -257,8 +257,8 @@ def _findings(findings: Iterable[Finding]) -> list[list]:
 
 # (key, getter, digits, divisor) of every per-GPU array the catalog gives a wire key (digits None: an
 # integer), in catalog order; and (key, getter) of the static metrics the inventory carries.
-_GPU_ARRAYS = tuple((m.wire, operator.attrgetter(m.path), m.wire_digits, m.wire_divisor) for m in GPU_WIRE)
-_GPU_FACTS = tuple((m.wire, operator.attrgetter(m.path)) for m in GPU_WIRE_FACTS)
+_GPU_ARRAYS = tuple((m.wire, m.get, m.wire_digits, m.wire_divisor) for m in GPU_WIRE)
+_GPU_FACTS = tuple((m.wire, m.get) for m in GPU_WIRE_FACTS)
 
 
 def sample_payload(sample: Sample, findings: Iterable[Finding] = ()) -> bytes:
