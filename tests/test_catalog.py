@@ -193,7 +193,7 @@ def test_the_wire_carries_the_catalogs_gpu_values_and_the_inventory_its_static_o
 
     s = healthy_sample()
     d = json.loads(sample_payload(s))
-    assert d["sm_mhz"][0] == 1980 and d["fb_mib"][0] == 70_000 and d["mt"][0] == 69
+    assert d["sc"][0] == 1980 and d["fb"][0] == 70_000 and d["mt"][0] == 69
     tick = parse_message("nvmon/v1/c1/n1/sample", sample_payload(s))
     assert tick.gpus[0].values == {"sm_clock_hz": 1_980_000_000, "fb_used_bytes": 70_000 * 2**20,
                                    "memory_temperature_c": 69.0}
@@ -209,8 +209,8 @@ def test_a_tick_without_the_catalog_keys_reads_and_one_out_of_range_is_refused()
     from nvmon.wire.payloads import sample_payload
 
     d = json.loads(sample_payload(healthy_sample()))
-    old = {k: v for k, v in d.items() if k not in ("sm_mhz", "fb_mib", "mt")}  # an older node's tick
+    old = {k: v for k, v in d.items() if k not in ("sc", "fb", "mt")}  # an older node's tick
     assert parse_message("nvmon/v1/c1/n1/sample", json.dumps(old).encode()).gpus[0].values == {}
-    d["sm_mhz"][2] = 10**9
-    with pytest.raises(WireError, match="sm_mhz"):
+    d["sc"][2] = 10**9
+    with pytest.raises(WireError, match="sc"):
         parse_message("nvmon/v1/c1/n1/sample", json.dumps(d).encode())

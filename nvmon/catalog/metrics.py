@@ -118,7 +118,7 @@ class Metric:
     # What the wire reader accepts (lo, hi); None: the reader reads the key by hand (nvmon.wire.parse).
     # Keys read through the catalog land in `GpuTick.values` under the metric's name.
     wire_range: tuple[float, float] | None = None
-    wire_divisor: int | None = None  # sent in these units (the key says which: `sm_mhz`), read back ×
+    wire_divisor: int | None = None  # sent in these units (the docs say which: `sc` is MHz), read back ×
     static: Static = Static.TICK
     history: bool = True  # offered by `nvmon history`
     prom: Prom | None = None  # its Prometheus family, when it has one of its own
@@ -219,7 +219,7 @@ METRICS: tuple[Metric, ...] = (
     # The wire carries SM clock, framebuffer used and memory temperature in its units (MHz, MiB, °C:
     # ~135 bytes a tick for 8 GPUs; the sample stays under 2 KB), the rest stays on the node.
     Metric("sm_clock_hz", "Hz", Kind.GAUGE, G, "SM clock", V, "sm_clock_hz", "INTEGER", E.INTEGER,
-           R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sm_mhz", wire_range=(0, 10**5), wire_divisor=10**6,
+           R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sc", wire_range=(0, 10**5), wire_divisor=10**6,
            prom=Prom("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1e6)),
     Metric("sm_clock_max_hz", "Hz", Kind.GAUGE, G, "highest SM clock the GPU runs at", V,
            "sm_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="sm max",
@@ -234,7 +234,7 @@ METRICS: tuple[Metric, ...] = (
            prom=Prom("nvmon_gpu_mem_clock_max_hertz", "Highest memory clock of the GPU.")),
     Metric("fb_used_bytes", "B", Kind.GAUGE, G, "framebuffer memory in use (beside the driver's reservation)",
            V, "fb_used_bytes", "INTEGER", E.INTEGER, R.MIN_AVG_MAX, label="fb used", fmt="mib",
-           wire="fb_mib", wire_range=(0, 2**30), wire_divisor=2**20,
+           wire="fb", wire_range=(0, 2**30), wire_divisor=2**20,
            prom=Prom("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 2**20)),
     Metric("fb_free_bytes", "B", Kind.GAUGE, G, "framebuffer memory free", V, "fb_free_bytes",
            "INTEGER", E.INTEGER, R.MIN_MAX, label="fb free", fmt="mib",
@@ -248,6 +248,17 @@ METRICS: tuple[Metric, ...] = (
            wire_range=(-100, 300), prom=Prom("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")),
     Metric("pcie_replay_errors", "count", Kind.COUNTER, G, "PCIe replays since driver load",
            "pcie.replay_errors", history=False),
+    # The NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, read every 5 ticks; None: no fabric): state,
+    # status and health as NVML codes (model.FABRIC_STATES, FABRIC_HEALTH_FIELDS, FABRIC_SUMMARIES).
+    Metric("fabric_state", "", Kind.STATE, G, "GPU fabric state: 1 not started, 2 in progress, 3 completed",
+           "fabric.state", "fabric_state", "INTEGER", E.INTEGER, R.MIN_MAX, label="fabric"),
+    Metric("fabric_status", "", Kind.STATE, G, "GPU fabric status once completed (an NVML return code, 0 success)",
+           "fabric.status", "fabric_status", "INTEGER", E.INTEGER, R.MAX, label="fab status"),
+    Metric("fabric_health_mask", "", Kind.BITMASK, G, "GPU fabric health mask (nvmlGpuFabricInfo_v2 healthMask)",
+           "fabric.health_mask", "fabric_health_mask", "INTEGER", E.INTEGER, label="fab health"),
+    Metric("fabric_health_summary", "", Kind.STATE, G,
+           "GPU fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity (0: not reported)",
+           "fabric.health_summary", "fabric_health_summary", "INTEGER", E.INTEGER, R.MAX, label="fab summary"),
     # Static facts: the store keeps them in `inventory` (a row when they change), not per tick.
     Metric("power_default_limit_w", "W", Kind.GAUGE, G, "default power limit", "power_default_limit_w",
            "power_default_limit_w", static=Static.FACT, history=False),
@@ -261,6 +272,12 @@ METRICS: tuple[Metric, ...] = (
            "pcie.device_max_gen", "pcie_device_max_gen", "INTEGER", E.INTEGER, static=Static.FACT, history=False),
     Metric("nvlink_count", "links", Kind.GAUGE, G, "NVLinks present (NVML_FI_DEV_NVLINK_LINK_COUNT)",
            "nvlink_count", "nvlink_count", "INTEGER", E.INTEGER, static=Static.FACT, history=False),
+    # They name a multi-node NVLink domain (NVL72-class: one cluster UUID, cliques within it); an HGX
+    # board reports clique 0 and a zero UUID.
+    Metric("fabric_clique_id", "", Kind.GAUGE, G, "GPU fabric clique id", "fabric.clique_id", "fabric_clique_id",
+           "INTEGER", E.INTEGER, static=Static.FACT, history=False, wire="fabric_clique_id"),
+    Metric("fabric_cluster_uuid", "", Kind.STATE, G, "GPU fabric cluster UUID", "fabric.cluster_uuid",
+           "fabric_cluster_uuid", "TEXT", E.TEXT, static=Static.FACT, history=False),
     # Derived by the codec from the GPU's links (nvmon.store.codec.LINK_COLUMNS).
     Metric("nvlink_active", "links", Kind.GAUGE, G, "active NVLinks", None, "nvlink_active", "INTEGER",
            rollup=R.MIN_MAX, label="links up"),

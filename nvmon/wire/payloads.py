@@ -339,7 +339,7 @@ def sample_payload(sample: Sample, findings: Iterable[Finding] = ()) -> bytes:
         out["gi"] = [g.index for g in gpus]
     for key, get, digits, per in _GPU_ARRAYS:  # the catalog's per-GPU values: p, pl, t, u, pg, pw, pt, pr, ...
         values = [get(g) for g in gpus]
-        if per is not None:  # in the key's units (sm_mhz, fb_mib)
+        if per is not None:  # in the units docs/wire.md gives (sc: MHz, fb: MiB)
             values = [None if v is None else v / per for v in values]
         out[key] = [_int(v) for v in values] if digits is None else [_num(v, digits) for v in values]
     out["nt"], out["nr"], out["ls"], out["lt"], out["lr"] = nt, nr, ls, lt, lr
