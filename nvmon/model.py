@@ -90,6 +90,25 @@ def fabric_health(mask: int | None) -> dict[str, int]:
     return out
 
 
+# Each reported fabric health field as a flag, True = what NVML calls trouble (the mask's "true",
+# an incorrect configuration, the global fabric manager disconnected, the summary's two bad values).
+FABRIC_FLAGS = ("degraded_bandwidth", "route_recovery", "route_unhealthy", "access_timeout_recovery",
+                "incorrect_configuration", "gfm_disconnected", "unhealthy", "limited_capacity")
+
+
+def fabric_flags(mask: int | None, summary: int | None) -> dict[str, bool]:
+    """FABRIC_FLAGS the driver reports (a field it reports n/a is left out), True when set."""
+    fields = fabric_health(mask)
+    out = {name: fields[name] == 1 for name in FABRIC_FLAGS[:4] if name in fields}
+    if "incorrect_configuration" in fields:
+        out["incorrect_configuration"] = fields["incorrect_configuration"] >= 2
+    if "gfm_state" in fields:
+        out["gfm_disconnected"] = fields["gfm_state"] == 2
+    if summary in (1, 2, 3):
+        out["unhealthy"], out["limited_capacity"] = summary == 2, summary == 3
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class NvLinkSample:
     link: int

@@ -110,3 +110,30 @@ def test_nvmon_audit_exits_2_and_says_what_to_run():
     assert f["severity"] == "critical" and "nvidia-smi -q | grep -A8 Fabric" in f["message"]
     ok = CliRunner().invoke(audit_command, ["--sim", "hgx-h100", "--json"])
     assert ok.exit_code == 0 and not [f for f in json.loads(ok.output)["findings"] if f["code"].startswith("fabric")]
+
+
+def test_metrics_show_the_fabric_state_its_health_fields_and_the_finding():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nvmon.export.prometheus import PrometheusExporter
+
+    def page(spec: str) -> dict[str, list]:
+        ex = PrometheusExporter("127.0.0.1:0", health=lambda: None)
+        ex.update(sim_sample(spec))
+        return {f.name: f.samples for f in text_string_to_metric_families(ex.page()[0].decode())}
+
+    def values(fams, name, **labels):
+        return [x.value for x in fams.get(name, []) if all(x.labels.get(k) == v for k, v in labels.items())]
+
+    down = page("hgx-h100,fabric=in_progress")
+    assert values(down, "nvmon_gpu_fabric_state") == [2] * 8
+    assert values(down, "nvmon_audit_findings", code="fabric.not_ready", severity="critical") == [1]
+    assert values(down, "nvmon_audit_verdict", verdict="critical") == [1]
+    assert values(down, "nvmon_gpu_fabric_health") == []  # H100: the driver reports no health field
+    sick = page("hgx-b200,fabric_health=route_unhealthy:3")
+    assert values(sick, "nvmon_gpu_fabric_health", gpu="3", field="route_unhealthy") == [1]
+    assert values(sick, "nvmon_gpu_fabric_health", gpu="3", field="access_timeout_recovery") == [0]
+    assert values(sick, "nvmon_gpu_fabric_health", gpu="2", field="route_unhealthy") == []  # not reported there
+    assert values(sick, "nvmon_gpu_fabric_health", gpu="2", field="unhealthy") == [0]
+    assert values(sick, "nvmon_audit_findings", code="fabric.health") == [1]
+    assert values(page("pcie-l40s"), "nvmon_gpu_fabric_state") == []  # no fabric: absent, never 0

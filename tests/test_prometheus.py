@@ -28,6 +28,7 @@ from nvmon.audit import RULES, audit
 from nvmon.export.catalog import GPU_LABELS, METRICS, SCOPE_LABELS, exported_names
 from nvmon.export.prometheus import DaemonHealth, PrometheusExporter, advance
 from nvmon.export.server import ListenError, MetricsServer, parse_listen
+from nvmon.model import GpuFabric
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "docs" / "grafana" / "nvmon.json"
@@ -96,7 +97,9 @@ def test_catalog_names_follow_prometheus_and_dcgm_conventions():
 
 def full_page() -> str:
     """A page with every family: a throttle reason active, a broker configured, rendered twice."""
-    s = with_gpu(healthy_sample(), 1, throttle_reasons=("sw_power_cap",))
+    s = with_gpu(healthy_sample(), 1, throttle_reasons=("sw_power_cap",),
+                 fabric=GpuFabric(state=3, status=0, clique_id=0, cluster_uuid="00000000-0000-0000-0000-000000000000",
+                                  health_mask=0x80, health_summary=1))  # B200's: access-timeout recovery False
     health = DaemonHealth(ticks=5, sample_seconds_total=0.05, mqtt_connected=True, mqtt_published=4,
                           alerts={("pcie.width", "warning", "firing"): 1, ("pcie.width", "warning", "pending"): 0},
                           hooks=(("oncall", "pagerduty", 3, 1, 0),))

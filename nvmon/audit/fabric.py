@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from nvmon.audit.findings import Finding, _finding
 from nvmon.codes import Severity
-from nvmon.model import FABRIC_INCORRECT_CONFIGURATION, FABRIC_STATES, GpuSample, Sample, fabric_health
+from nvmon.model import (FABRIC_INCORRECT_CONFIGURATION, FABRIC_STATES, GpuSample, Sample, fabric_flags,
+                          fabric_health)
 
 COMPLETED = 3
 # nvmlReturn_t words as nvidia-smi prints a fabric status (nvml.h's nvmlErrorString).
@@ -33,16 +34,17 @@ NVML_RETURN_WORDS = {
 }
 _STATE_WORDS = {"not_started": "Not Started", "in_progress": "In Progress", "completed": "Completed"}
 _C, _W = Severity.CRITICAL, Severity.WARNING
-# healthMask field → (the value that means trouble, severity, words)
-_MASK_TROUBLE = {
-    "route_unhealthy": (1, _C, "route unhealthy"),
-    "degraded_bandwidth": (1, _W, "degraded bandwidth"),
-    "route_recovery": (1, _W, "route recovery in progress"),
-    "access_timeout_recovery": (1, _W, "access-timeout recovery"),
-    "gfm_state": (2, _W, "global fabric manager disconnected"),
+# model.FABRIC_FLAGS → (severity, words) when set
+_TROUBLE = {
+    "unhealthy": (_C, "health summary Unhealthy"),
+    "limited_capacity": (_W, "health summary Limited Capacity"),
+    "route_unhealthy": (_C, "route unhealthy"),
+    "incorrect_configuration": (_C, "incorrect configuration"),
+    "degraded_bandwidth": (_W, "degraded bandwidth"),
+    "route_recovery": (_W, "route recovery in progress"),
+    "access_timeout_recovery": (_W, "access-timeout recovery"),
+    "gfm_disconnected": (_W, "global fabric manager disconnected"),
 }
-_SUMMARY_TROUBLE = {2: ("unhealthy", _C, "health summary Unhealthy"),
-                    3: ("limited_capacity", _W, "health summary Limited Capacity")}
 
 
 def status_words(code: int | None) -> str:
@@ -93,24 +95,20 @@ def _check_fabric(sample: Sample) -> list[Finding]:
 
 
 def _check_health(g: GpuSample) -> list[Finding]:
-    fields = fabric_health(g.fabric.health_mask)
-    bad: list[tuple[str, Severity, str]] = []
-    summary = _SUMMARY_TROUBLE.get(g.fabric.health_summary or 0)
-    if summary is not None:
-        bad.append(summary)
-    for name, (value, severity, words) in _MASK_TROUBLE.items():
-        if fields.get(name) == value:
-            bad.append((name, severity, words))
-    wrong = fields.get("incorrect_configuration", 0)
-    if wrong >= 2:
-        bad.append(("incorrect_configuration", _C,
-                    f"incorrect configuration ({FABRIC_INCORRECT_CONFIGURATION.get(wrong, wrong)})"))
+    flags = fabric_flags(g.fabric.health_mask, g.fabric.health_summary)
+    bad = [name for name in _TROUBLE if flags.get(name)]
     if not bad:
         return []
-    severity = _C if any(s is _C for _, s, _ in bad) else _W
-    what = ", ".join(words for _, _, words in bad)
+    severity = _C if any(_TROUBLE[name][0] is _C for name in bad) else _W
+    words = []
+    for name in bad:
+        text = _TROUBLE[name][1]
+        if name == "incorrect_configuration":
+            kind = fabric_health(g.fabric.health_mask).get(name)
+            text += f" ({FABRIC_INCORRECT_CONFIGURATION.get(kind, kind)})"
+        words.append(text)
     return [Finding(
         code="fabric.health", severity=severity,
-        message=f"GPU {g.index} fabric health: {what}; check nvidia-smi -q | grep -A14 Fabric, nvidia-smi nvlink -s "
-                "and journalctl -u nvidia-fabricmanager",
-        gpu=g.index, observed=[name for name, _, _ in bad], expected="healthy")]
+        message=f"GPU {g.index} fabric health: {', '.join(words)}; check nvidia-smi -q | grep -A14 Fabric, "
+                "nvidia-smi nvlink -s and journalctl -u nvidia-fabricmanager",
+        gpu=g.index, observed=bad, expected="healthy")]

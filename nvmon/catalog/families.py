@@ -127,6 +127,10 @@ NVMON = (
     _m("nvmon_gpu_pcie_device_max_link_gen", "gauge", "GPU",
        "Highest PCIe generation the GPU itself supports (DCGM_FI_DEV_PCIE_MAX_LINK_GEN is what GPU and slot allow).",
        metric="pcie_device_max_gen"),
+    _m("nvmon_gpu_fabric_health", "gauge", "GPU",
+       "1 while this GPU fabric health field reports trouble, 0 while it reports none; absent when the driver "
+       "does not report it (field: degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery, "
+       "incorrect_configuration, gfm_disconnected, unhealthy, limited_capacity).", "field"),
     _m("nvmon_gpu_nvlink_links", "gauge", "GPU", "NVLink links present on the GPU (NVML_FI_DEV_NVLINK_LINK_COUNT)."),
     _m("nvmon_gpu_nvlink_active_links", "gauge", "GPU", "NVLink links of the GPU that are active."),
     _m("nvmon_gpu_nvlink_min_speed_bytes_per_second", "gauge", "GPU",

@@ -251,9 +251,14 @@ METRICS: tuple[Metric, ...] = (
     # The NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, read every 5 ticks; None: no fabric): state,
     # status and health as NVML codes (model.FABRIC_STATES, FABRIC_HEALTH_FIELDS, FABRIC_SUMMARIES).
     Metric("fabric_state", "", Kind.STATE, G, "GPU fabric state: 1 not started, 2 in progress, 3 completed",
-           "fabric.state", "fabric_state", "INTEGER", E.INTEGER, R.MIN_MAX, label="fabric"),
+           "fabric.state", "fabric_state", "INTEGER", E.INTEGER, R.MIN_MAX, label="fabric",
+           prom=Prom("nvmon_gpu_fabric_state", "GPU fabric state (NVSwitch boards): 1 not started, 2 in progress, "
+                     "3 completed; absent without a fabric. Below 3 NVLink peer-to-peer does not work (Fabric "
+                     "Manager down): `nvmon audit` fabric.not_ready.")),
     Metric("fabric_status", "", Kind.STATE, G, "GPU fabric status once completed (an NVML return code, 0 success)",
-           "fabric.status", "fabric_status", "INTEGER", E.INTEGER, R.MAX, label="fab status"),
+           "fabric.status", "fabric_status", "INTEGER", E.INTEGER, R.MAX, label="fab status",
+           prom=Prom("nvmon_gpu_fabric_status", "GPU fabric status once completed: an NVML return code, "
+                     "0 = success (23 = insufficient resources).")),
     Metric("fabric_health_mask", "", Kind.BITMASK, G, "GPU fabric health mask (nvmlGpuFabricInfo_v2 healthMask)",
            "fabric.health_mask", "fabric_health_mask", "INTEGER", E.INTEGER, label="fab health"),
     Metric("fabric_health_summary", "", Kind.STATE, G,
@@ -275,7 +280,8 @@ METRICS: tuple[Metric, ...] = (
     # They name a multi-node NVLink domain (NVL72-class: one cluster UUID, cliques within it); an HGX
     # board reports clique 0 and a zero UUID.
     Metric("fabric_clique_id", "", Kind.GAUGE, G, "GPU fabric clique id", "fabric.clique_id", "fabric_clique_id",
-           "INTEGER", E.INTEGER, static=Static.FACT, history=False, wire="fabric_clique_id"),
+           "INTEGER", E.INTEGER, static=Static.FACT, history=False, wire="fabric_clique_id",
+           prom=Prom("nvmon_gpu_fabric_clique_id", "GPU fabric clique id (0 outside multi-node NVLink domains).")),
     Metric("fabric_cluster_uuid", "", Kind.STATE, G, "GPU fabric cluster UUID", "fabric.cluster_uuid",
            "fabric_cluster_uuid", "TEXT", E.TEXT, static=Static.FACT, history=False),
     # Derived by the codec from the GPU's links (nvmon.store.codec.LINK_COLUMNS).

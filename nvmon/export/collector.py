@@ -25,7 +25,7 @@ from nvmon.audit import _is_active as ib_port_up  # one definition of a working 
 from nvmon.catalog import BY_NAME, FAMILIES, getter
 from nvmon.export.catalog import METRICS
 from nvmon.export.exposition import Labels
-from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample
+from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample, fabric_flags
 
 TOPOLOGY_CLASSES = ("nvswitch", "mesh", "pairs", "partial", "none", "unknown")
 VERDICTS = ("ok", "warning", "critical", "unknown")
@@ -287,6 +287,10 @@ class SampleCollector(Collector):
             add("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", lab, mask)
         if g.lost:
             return
+        f_ = g.fabric
+        if f_.health_mask is not None or f_.health_summary:  # the fields the driver reports, 1 = trouble
+            for name, on in fabric_flags(f_.health_mask, f_.health_summary).items():
+                add("nvmon_gpu_fabric_health", lab.with_("field", name), int(on))
         add("nvmon_gpu_nvlink_links", lab, g.nvlink_count if g.nvlink_count is not None else len(g.nvlink) or None)
         if not g.nvlink:
             return
