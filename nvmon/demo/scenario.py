@@ -12,9 +12,12 @@ gpu-02 and gpu-10, H200 on gpu-06 and gpu-14, and one of each problem nvmon exis
     gpu-13   a node that dies at t+25 s, back 30 s later,       its broker connection is reset (the will
              and again every 3 minutes                          fires) and its daemon stopped
     gpu-15   a power-capped GPU (60 % of its limit)             power_cap=G
+    gpu-16   Fabric Manager down: NVLinks Active, NV18, but     fabric=in_progress
+             the GPU fabric stuck "In Progress"
 
 With fewer nodes the same problems are folded onto fewer boxes (position × N / 16), so even a
-2-node demo shows all of them. The seed picks the GPU, link and port of each fault and each
+2-node demo shows all of them (but the fabric fault, which needs a board whose fabric NVML reports:
+it is left out where the folding puts it on the A100 or the pairs box). The seed picks the GPU, link and port of each fault and each
 board's traffic phase; `speed` compresses the timeline (tests run it faster).
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from nvmon.sim.fabric import has_fabric
 from nvmon.sim.profiles import PROFILES
 
 CLUSTER = "demo"
@@ -55,6 +59,7 @@ PLANTED: tuple[Planted, ...] = (
     Planted(at=10, fault="ib_rate={port}:100", what="IB port mlx5_{port} at 100G"),
     Planted(at=12, dies_at_s=25.0, down_for_s=30.0, what="dies at t+{t}s (will fires), back at t+{back}s"),
     Planted(at=14, fault="power_cap={gpu}", what="GPU {gpu} power-capped to 60 %"),
+    Planted(at=15, fault="fabric=in_progress", what="Fabric Manager down: GPU fabric stuck In Progress"),
 )
 NVLINK_ERRORS_AT_S = 40.0
 DEATH_PERIOD_S = 180.0  # the dying node dies again every 3 minutes, so a long demo keeps showing it
@@ -119,6 +124,8 @@ def plan_fleet(nodes: int = DEFAULT_NODES, racks: int | None = None, *, seed: in
             t = round(p.dies_at_s / speed if p.dies_at_s is not None else NVLINK_ERRORS_AT_S / speed, 1)
             back = round(t + p.down_for_s / speed, 1)
             fill = {"gpu": gpu, "link": link, "port": port, "t": f"{t:g}", "back": f"{back:g}"}
+            if p.fault and p.fault.startswith("fabric") and not has_fabric(prof):
+                continue  # an A100 or PCIe board answers Not Supported: nothing to plant
             if p.fault:
                 faults.append(p.fault.format(**fill))
             if p.dies_at_s is not None:
