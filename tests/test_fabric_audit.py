@@ -137,3 +137,15 @@ def test_metrics_show_the_fabric_state_its_health_fields_and_the_finding():
     assert values(sick, "nvmon_gpu_fabric_health", gpu="2", field="unhealthy") == [0]
     assert values(sick, "nvmon_audit_findings", code="fabric.health") == [1]
     assert values(page("pcie-l40s"), "nvmon_gpu_fabric_state") == []  # no fabric: absent, never 0
+
+
+def test_the_fleet_row_marks_the_links_column_from_the_findings_the_wire_carries():
+    from nvmon.fleet.summary import summarize
+    from nvmon.wire.parse import parse_message
+    from nvmon.wire.payloads import sample_payload
+
+    s = sim_sample("hgx-h100,fabric=in_progress")
+    tick = parse_message("nvmon/v1/c/n/sample", sample_payload(s, audit(s).findings))
+    assert summarize(tick, None).marks == {"links": "critical"}
+    ok = sim_sample("hgx-h100")
+    assert summarize(parse_message("nvmon/v1/c/n/sample", sample_payload(ok, audit(ok).findings)), None).marks == {}
