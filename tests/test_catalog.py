@@ -214,3 +214,33 @@ def test_a_tick_without_the_catalog_keys_reads_and_one_out_of_range_is_refused()
     d["sc"][2] = 10**9
     with pytest.raises(WireError, match="sc"):
         parse_message("nvmon/v1/c1/n1/sample", json.dumps(d).encode())
+
+
+# -- NVML sources: the collector reads a catalog metric with no code of its own ---------------------
+
+def test_every_nvml_source_is_a_value_the_collector_reads_generically():
+    from nvmon.collect import nvml_catalog, nvml_fields
+
+    for m in METRICS:
+        if m.nvml is not None:
+            assert m.in_values and m.scope is Scope.GPU, m.name
+            src = m.nvml
+            assert bool(src.field) != bool(src.fn), f"{m.name}: a field id or a getter"
+            if src.fn:
+                assert nvml_fields.FUNCTIONS[src.call] == src.fn, m.name
+    # metrics sharing a call agree on it
+    for call, ms in nvml_catalog.CALLS.items():
+        assert len({(m.nvml.fn, m.nvml.args, m.nvml.once) for m in ms}) == 1, call
+
+
+def test_the_catalog_rotation_gives_each_call_its_turns():
+    from nvmon.collect.nvml_catalog import CALLS, rotation
+
+    assert rotation(CALLS, ("utilization",)) == ("sm_clock", "memory", "sm_clock", "memory", "mem_clock")
+
+    def m(call, turns, once=False):
+        return catalog.Metric(call + "_x", "", catalog.Kind.GAUGE, Scope.GPU, "", catalog.IN_VALUES,
+                              nvml=catalog.Nvml(call, ("f",), turns=turns, once=once))
+    calls = {"a": (m("a", 3),), "b": (m("b", 1),), "c": (m("c", 2),), "d": (m("d", 1, once=True),),
+             "own": (m("own", 5),)}
+    assert rotation(calls, ("own",)) == ("a", "a", "c", "a", "c", "b")

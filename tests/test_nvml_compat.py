@@ -158,3 +158,20 @@ def test_an_absent_name_is_logged_once_per_process(caplog, monkeypatch):
     assert sum(PCIE_TX in m for m in warned) == 1
     assert not any(TEMP_V in m for m in warned)  # it has a fallback: no loss, only an INFO line
     assert sum(TEMP_V in r.getMessage() for r in caplog.records if r.levelno == logging.INFO) == 1
+
+
+@pytest.mark.parametrize("name, call, metrics", [
+    ("nvmlMemory_v2", "memory", ("fb_used_bytes", "fb_free_bytes", "fb_total_bytes")),  # a getter's argument
+    ("NVML_FI_DEV_MEMORY_TEMP", "memory_temp", ("memory_temperature_c",)),  # a field id
+    ("nvmlDeviceGetMaxClockInfo", "sm_clock_max", ("sm_clock_max_hz", "mem_clock_max_hz")),  # a static getter
+])
+def test_a_catalog_metrics_name_the_bindings_lack_makes_it_unsupported(name, call, metrics):
+    """The catalog's NVML sources (Metric.nvml) go through the chokepoint like the collector's own."""
+    with sampled("hgx-h100", name) as (node, sampler, clock):
+        s = ticks(sampler, clock, 6)  # past a whole catalog rotation
+        assert all(g.values[m] is None for g in s.gpus for m in metrics)
+        assert s.nvml.capabilities["unsupported"][call] == list(range(8))
+        assert name in s.nvml.capabilities["bindings"]["absent"]
+        assert all(g.values["sm_clock_hz"] is not None and not g.notes for g in s.gpus)  # the rest is read
+        if name.startswith("NVML_FI_"):
+            assert all(82 not in _requested_ids(g) for g in sampler.nvml.gpus)  # never requested

@@ -19,6 +19,7 @@ import nvmon.collect.nvml_api as api_module
 import nvmon.collect.nvml_batch as batch_module
 import nvmon.collect.fabric as fabric_module
 import nvmon.collect.nvml_events as events_module
+import nvmon.collect.nvml_catalog as catalog_module
 import nvmon.collect.nvml_gpu as gpu_module
 from nvmon.collect import nvml_fields
 from nvmon.collect.nvml import NvmlCollector
@@ -82,7 +83,7 @@ def test_fake_symbol_exists_in_pynvml_with_same_arity(symbol):
 def _names_used_by_collector() -> set[str]:
     """The names the collect modules look up in pynvml directly (not through `Api`)."""
     names = set()
-    for module in (collector_module, gpu_module, events_module, api_module, batch_module, fabric_module):
+    for module in (collector_module, gpu_module, catalog_module, events_module, api_module, batch_module, fabric_module):
         names |= _module_names(module)
     return names
 
@@ -107,8 +108,8 @@ def test_every_pynvml_name_the_collector_looks_up_directly_exists():
             "nvmlEventTypeXidCriticalError", "NVML_TEMPERATURE_GPU"} <= used
     assert not used & set(nvml_fields.ADDED), "a newer name must go through nvml_api.Api"
     # (nvml_batch calls nvmlDeviceGetFieldValues itself: the batch runs inside the chokepoint's call)
-    outside_batch = set().union(*(_module_names(m) for m in (collector_module, gpu_module, events_module,
-                                                            api_module, fabric_module)))
+    outside_batch = set().union(*(_module_names(m) for m in (collector_module, gpu_module, catalog_module,
+                                                            events_module, api_module, fabric_module)))
     assert not {n for chain in nvml_fields.FUNCTIONS.values() for n in chain} & outside_batch, "call through Api.fn"
     missing = sorted(n for n in used if not hasattr(pynvml, n))
     assert not missing, f"collector uses names the installed pynvml lacks: {missing}"
@@ -116,7 +117,8 @@ def test_every_pynvml_name_the_collector_looks_up_directly_exists():
 
 def _field_id_names() -> list[str]:
     names = [v for k, v in vars(nvml_fields).items() if k.startswith("FI_") and isinstance(v, str)]
-    return names + list(nvml_fields.FI_LINK_CRC_DATA)
+    # and the catalog's (nvmon.catalog Metric.nvml): its field ids and getter arguments
+    return names + list(nvml_fields.FI_LINK_CRC_DATA) + list(nvml_fields.CATALOG_CONSTANTS)
 
 
 def test_names_resolved_through_the_api_exist_exactly_from_their_release():

@@ -7,6 +7,7 @@ from nvmon.catalog.families import BY_FAMILY, FAMILIES, GPU_LABELS, SCOPE_LABELS
 from nvmon.catalog.metrics import (
     BY_NAME,
     GPU_FACTS,
+    GPU_NVML,
     GPU_TICK_SCALARS,
     GPU_VALUES,
     GPU_WIRE,
@@ -17,6 +18,7 @@ from nvmon.catalog.metrics import (
     Encode,
     Kind,
     Metric,
+    Nvml,
     Prom,
     Rollup,
     Scope,
@@ -26,7 +28,7 @@ from nvmon.catalog.metrics import (
 )
 
 __all__ = [
-    "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_TICK_SCALARS", "GPU_VALUES", "GPU_WIRE",
+    "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_NVML", "GPU_TICK_SCALARS", "GPU_VALUES", "GPU_WIRE",
     "GPU_WIRE_FACTS", "GPU_WIRE_READ", "IN_VALUES", "METRICS", "SCOPE_LABELS", "Encode", "Family", "Kind", "Metric",
-    "Prom", "Rollup", "Scope", "Static", "getter", "of_scope",
+    "Nvml", "Prom", "Rollup", "Scope", "Static", "getter", "of_scope",
 ]

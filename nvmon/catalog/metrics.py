@@ -95,6 +95,35 @@ class Prom:
 
 
 @dataclass(frozen=True, slots=True)
+class Nvml:
+    """Where the NVML collector reads a per-GPU metric, with no code of its own
+    (nvmon.collect.nvml_catalog; every name through the chokepoint, nvmon.collect.nvml_api).
+
+    `field`: a field-id constant (pynvml name): the value joins the GPU's per-tick
+    nvmlDeviceGetFieldValues batch, at no extra call. Otherwise a getter: `fn` (pynvml names, newest
+    first; an older one that answers the same is used when the bindings lack the newer) called with
+    the GPU's handle and `args` (pynvml constant names, or ints); `attr` picks a member of a
+    structure it returns. Metrics naming the same `call` share one call. `scale` turns NVML's unit
+    into the metric's (MHz → Hz: 10**6); 1 keeps NVML's value as it is.
+    When: `once`, when the GPU is opened (maxima); a `call` the collector makes anyway (its own
+    rotation, e.g. "utilization") carries the metric along at no extra call; otherwise the call gets
+    `turns` turns in each cycle of the catalog's getter rotation (one getter per GPU per tick).
+    `call` is also the capability name an "unsupported" answer is reported under. `since`: the
+    nvidia-ml-py release that added a name newer than the oldest nvmon accepts (nvml_fields.ADDED).
+    """
+
+    call: str
+    fn: tuple[str, ...] = ()
+    args: tuple[str | int, ...] = ()
+    attr: str | None = None
+    field: str | None = None
+    scale: int | float = 1
+    turns: int = 1
+    once: bool = False
+    since: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Metric:
     name: str  # `nvmon history --metric` name; units in the name (`_w`, `_hz`, `_bytes_per_s`)
     unit: str  # for tables and docs: "W", "Hz", "B/s", "°C", "%", "count", "" ...
@@ -122,6 +151,7 @@ class Metric:
     static: Static = Static.TICK
     history: bool = True  # offered by `nvmon history`
     prom: Prom | None = None  # its Prometheus family, when it has one of its own
+    nvml: Nvml | None = None  # read by the collector from this NVML source (per-GPU metrics in `values`)
 
     @property
     def in_values(self) -> bool:
@@ -184,6 +214,9 @@ class Metric:
 
 G, L, IB, N = Scope.GPU, Scope.NVLINK, Scope.IB_PORT, Scope.NODE
 V = IN_VALUES
+MHZ = 10**6  # NVML's clocks are in MHz
+# nvmlDeviceGetMemoryInfo with the v2 structure (total, reserved, free, used in bytes)
+MEMORY_INFO = (("nvmlDeviceGetMemoryInfo",), ("nvmlMemory_v2",))
 E = Encode
 R = Rollup
 
@@ -215,37 +248,47 @@ METRICS: tuple[Metric, ...] = (
            "pcie.replay_errors_delta", "pcie_replay_delta", "INTEGER", E.INTEGER, R.SUM, label="replays"),
     # Clocks and framebuffer memory: nvmlDeviceGetClockInfo / GetMaxClockInfo (MHz, stored in Hz),
     # nvmlDeviceGetMemoryInfo_v2 (bytes), NVML_FI_DEV_MEMORY_TEMP (°C, in the field-value batch). They
-    # live in `GpuSample.values` (the sample JSON lists them in this order), each with its family.
+    # live in `GpuSample.values` (the sample JSON lists them in this order), each with its family and
+    # its NVML source: the SM clock and memory every 2-3 ticks, the memory clock (HBM keeps it
+    # fixed) every 5, in the catalog's getter rotation; the maxima once.
     # The wire carries SM clock, framebuffer used and memory temperature in its units (MHz, MiB, °C:
     # ~135 bytes a tick for 8 GPUs; the sample stays under 2 KB), the rest stays on the node.
     Metric("sm_clock_hz", "Hz", Kind.GAUGE, G, "SM clock", V, "sm_clock_hz", "INTEGER", E.INTEGER,
            R.MIN_AVG_MAX, label="sm clk", fmt="mhz", wire="sc", wire_range=(0, 10**5), wire_divisor=10**6,
-           prom=Prom("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1e6)),
+           prom=Prom("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1e6),
+           nvml=Nvml("sm_clock", ("nvmlDeviceGetClockInfo",), ("NVML_CLOCK_SM",), scale=MHZ, turns=2)),
     Metric("sm_clock_max_hz", "Hz", Kind.GAUGE, G, "highest SM clock the GPU runs at", V,
            "sm_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="sm max",
            fmt="mhz", wire="sm_clock_max_hz",
-           prom=Prom("nvmon_gpu_sm_clock_max_hertz", "Highest SM clock of the GPU (nvmlDeviceGetMaxClockInfo).")),
+           prom=Prom("nvmon_gpu_sm_clock_max_hertz", "Highest SM clock of the GPU (nvmlDeviceGetMaxClockInfo)."),
+           nvml=Nvml("sm_clock_max", ("nvmlDeviceGetMaxClockInfo",), ("NVML_CLOCK_SM",), scale=MHZ, once=True)),
     Metric("mem_clock_hz", "Hz", Kind.GAUGE, G, "memory clock", V, "mem_clock_hz", "INTEGER",
            E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz",
-           prom=Prom("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1e6)),
+           prom=Prom("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1e6),
+           nvml=Nvml("mem_clock", ("nvmlDeviceGetClockInfo",), ("NVML_CLOCK_MEM",), scale=MHZ, turns=1)),
     Metric("mem_clock_max_hz", "Hz", Kind.GAUGE, G, "highest memory clock", V,
            "mem_clock_max_hz", "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="mem max",
            fmt="mhz", wire="mem_clock_max_hz",
-           prom=Prom("nvmon_gpu_mem_clock_max_hertz", "Highest memory clock of the GPU.")),
+           prom=Prom("nvmon_gpu_mem_clock_max_hertz", "Highest memory clock of the GPU."),
+           nvml=Nvml("mem_clock_max", ("nvmlDeviceGetMaxClockInfo",), ("NVML_CLOCK_MEM",), scale=MHZ, once=True)),
     Metric("fb_used_bytes", "B", Kind.GAUGE, G, "framebuffer memory in use (beside the driver's reservation)",
            V, "fb_used_bytes", "INTEGER", E.INTEGER, R.MIN_AVG_MAX, label="fb used", fmt="mib",
            wire="fb", wire_range=(0, 2**30), wire_divisor=2**20,
-           prom=Prom("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 2**20)),
+           prom=Prom("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 2**20),
+           nvml=Nvml("memory", *MEMORY_INFO, attr="used", turns=2)),
     Metric("fb_free_bytes", "B", Kind.GAUGE, G, "framebuffer memory free", V, "fb_free_bytes",
            "INTEGER", E.INTEGER, R.MIN_MAX, label="fb free", fmt="mib",
-           prom=Prom("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", 2**20)),
+           prom=Prom("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", 2**20),
+           nvml=Nvml("memory", *MEMORY_INFO, attr="free", turns=2)),
     Metric("fb_total_bytes", "B", Kind.GAUGE, G, "framebuffer memory size", V, "fb_total_bytes",
            "INTEGER", E.INTEGER, static=Static.FACT, history=False, label="fb total", fmt="mib",
            wire="fb_total_bytes",
-           prom=Prom("nvmon_gpu_fb_total_bytes", "Framebuffer memory size (nvmlDeviceGetMemoryInfo total).")),
+           prom=Prom("nvmon_gpu_fb_total_bytes", "Framebuffer memory size (nvmlDeviceGetMemoryInfo total)."),
+           nvml=Nvml("memory", *MEMORY_INFO, attr="total", turns=2)),
     Metric("memory_temperature_c", "°C", Kind.GAUGE, G, "memory (HBM) temperature", V,
            "memory_temperature_c", rollup=R.MIN_AVG_MAX, label="mem temp", fmt="c", wire="mt", wire_digits=0,
-           wire_range=(-100, 300), prom=Prom("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")),
+           wire_range=(-100, 300), prom=Prom("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C)."),
+           nvml=Nvml("memory_temp", field="NVML_FI_DEV_MEMORY_TEMP")),
     Metric("pcie_replay_errors", "count", Kind.COUNTER, G, "PCIe replays since driver load",
            "pcie.replay_errors", history=False),
     # The NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, read every 5 ticks; None: no fabric): state,
@@ -368,8 +411,10 @@ GPU_TICK_SCALARS: tuple[Metric, ...] = tuple(
     m for m in of_scope(G) if m.sampled and m.column is not None and m.static is Static.TICK)
 # GPU metrics kept as facts (inventory), not per tick.
 GPU_FACTS: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.sampled and m.static is Static.FACT)
-# GPU metrics kept in GpuSample.values, in catalog order (the sample JSON's order).
+# GPU metrics kept in GpuSample.values, in catalog order (the sample JSON's order), and those of them
+# the NVML collector reads from their `nvml` source.
 GPU_VALUES: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.in_values)
+GPU_NVML: tuple[Metric, ...] = tuple(m for m in GPU_VALUES if m.nvml is not None)
 # Per-GPU arrays of the wire `sample` payload filled from a metric's path, and the per-GPU keys of
 # the wire `inventory` filled from the static ones.
 GPU_WIRE: tuple[Metric, ...] = tuple(m for m in of_scope(G) if m.wire and m.sampled and m.static is Static.TICK)

@@ -6,8 +6,10 @@ clock maxima, the NVLink map — are read once. Each steady-state tick costs eac
 state, speed, TX/RX payload KiB, replay/recovery/CRC counters) plus ONE getter taken in turn from a
 rotation in which throttle reasons and utilization come every 2–3 ticks and temperature, PCIe
 gen/width and the enforced power limit every 20 (they change slowly, and a value not re-read is
-carried over), plus ONE from a second rotation of the values NVML has no field id for: SM clock and
-framebuffer memory every 2–3 ticks, memory clock every 5 (3 calls per GPU per tick in all).
+carried over), plus ONE from the catalog's getter rotation of the values NVML has no field id for
+(`nvml_catalog`: SM clock and framebuffer memory every 2–3 ticks, memory clock every 5), 3 calls
+per GPU per tick in all. The catalog's metrics (`Metric.nvml`) are read with no code here: a field
+id joins the batch, a getter the rotation, or it rides on a call of the first rotation.
 Power is the energy counter's slope over the interval, i.e. the true average.
 Xid critical-error events come from one NVML event set per node (`nvml_events`), drained without
 blocking once a tick: +1 NVML call per node per tick (+1 per event), counted apart in `event_calls`.
@@ -30,10 +32,10 @@ from dataclasses import replace
 from operator import itemgetter, sub
 from typing import Any
 
-from nvmon.catalog import GPU_VALUES
 from nvmon.collect import fabric, nvml_fields as F
 from nvmon.collect.nvml_api import Api, NoValue, bindings_version
 from nvmon.collect.nvml_batch import FieldBatch, Readings
+from nvmon.collect.nvml_catalog import FIELDS as CATALOG_FIELDS, VALUE_NAMES, CatalogReader
 from nvmon.collect.nvml_events import XidEvents
 from nvmon.collect.nvml_gpu import _Gpu, _Link, _Lost, _num, _text
 from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus, PcieLink
@@ -41,11 +43,7 @@ from nvmon.model import NVLINK_ERROR_KINDS, GpuSample, NvLinkSample, NvmlStatus,
 LINK_KEYS = ("state", "speed", "tx", "rx") + NVLINK_ERROR_KINDS
 ROTATION = ("throttle", "utilization", "throttle", "utilization", "slow")
 SLOW = ("temperature", "pcie_gen", "pcie_width", "power_limit")
-# Clocks and framebuffer memory: a second rotation beside the first, one getter a tick (the SM clock
-# and memory every 2-3 ticks, the memory clock, which HBM keeps fixed, every 5).
-CLOCKS = ("sm_clock", "memory", "sm_clock", "memory", "mem_clock")
 LOST_RETRY_TICKS = 30
-LOST_VALUES = tuple(m.name for m in GPU_VALUES)  # a lost GPU's: every one unknown
 MAX_ERROR_MAPS = 512  # per GPU, cleared when full: ~150 KB at most, even with every link erroring
 
 
@@ -60,6 +58,9 @@ class NvmlCollector:
         self.calls = [0]  # NVML calls made, for the cost benchmark
         self.direct_fields: bool | None = None  # None: FieldBatch decides (tests force both paths)
         self.events, self.fabric = XidEvents(self.api), fabric.FabricReader(self.api)  # fabric: every few s
+        # The catalog's metrics: their getters' rotation beside the first one, and those that ride
+        # on the first one's calls.
+        self.catalog = CatalogReader(self.api, own=ROTATION + SLOW)
         self.event_calls = self.events.calls  # per-node NVML calls for Xid events, apart from `calls`
         self._opened = False
 
@@ -132,8 +133,7 @@ class NvmlCollector:
             g.max_gen = _num(g.ask("pcie_max_gen", handle))
             g.device_max_gen = _num(g.ask("pcie_gpu_max_gen", handle))
             g.max_width = _num(g.ask("pcie_max_width", handle))
-            g.sm_max_hz = _num(g.ask("sm_clock_max", handle, self.nvml.NVML_CLOCK_SM), 1_000_000)
-            g.mem_max_hz = _num(g.ask("mem_clock_max", handle, self.nvml.NVML_CLOCK_MEM), 1_000_000)
+            self.catalog.read_once(g)  # the catalog's static values: clock maxima
             self._open_links(g)
             self.events.register(g)
         except _Lost:
@@ -142,12 +142,14 @@ class NvmlCollector:
         g.lost = False
         g.rotation = itertools.cycle(ROTATION)
         g.last["slow"] = itertools.cycle(SLOW)
-        g.last["clocks"] = itertools.cycle(CLOCKS)
+        g.last["catalog"] = itertools.cycle(self.catalog.rotation)
         self._build_request(g)
         # Probe tick: read every rotated value once so the first sample is complete.
         try:
-            for what in ("throttle", "utilization") + SLOW + ("sm_clock", "mem_clock", "memory"):
+            for what in ("throttle", "utilization") + SLOW:
                 self._read_getter(g, what)
+            for call in dict.fromkeys(self.catalog.rotation):
+                self.catalog.read(g, call)
         except _Lost:
             g.lost = True
 
@@ -193,7 +195,7 @@ class NvmlCollector:
         req, layout = [], []
         for key, name in (("energy", F.FI_TOTAL_ENERGY), ("pcie_replay", F.FI_PCIE_REPLAY),
                           ("pcie_tx", F.FI_PCIE_TX_BYTES), ("pcie_rx", F.FI_PCIE_RX_BYTES),
-                          ("memory_temp", F.FI_MEMORY_TEMP)):
+                          *((m.nvml.call, m.nvml.field) for m in CATALOG_FIELDS)):
             fid = self._field_id(g, name, key)
             if fid is not None:
                 req.append(fid)
@@ -226,26 +228,28 @@ class NvmlCollector:
         h = g.handle
         if what in g.unsupported:
             return
+        ask = self._ask
         if what == "throttle":
-            v = g.ask(what, h)
+            v = ask(g, what, h)
             g.last[what] = F.decode_throttle(v) if isinstance(v, int) else None
         elif what == "utilization":
-            v = g.ask(what, h)
+            v = ask(g, what, h)
             g.last[what] = None if isinstance(v, NoValue) else float(v.gpu)
         elif what == "temperature":
-            g.last[what] = _num(g.ask(what, h, self.nvml.NVML_TEMPERATURE_GPU))
+            g.last[what] = _num(ask(g, what, h, self.nvml.NVML_TEMPERATURE_GPU))
         elif what == "pcie_gen" or what == "pcie_width":
-            g.last[what] = _num(g.ask(what, h))
+            g.last[what] = _num(ask(g, what, h))
         elif what == "power_limit" or what == "power":  # power: when the energy counter is unsupported
-            g.last[what] = _num(g.ask(what, h), 1e-3)
-        elif what == "sm_clock" or what == "mem_clock":
-            clock = self.nvml.NVML_CLOCK_SM if what == "sm_clock" else self.nvml.NVML_CLOCK_MEM
-            g.last[what] = _num(g.ask(what, h, clock), 1_000_000)  # MHz → Hz
-        elif what == "memory":
-            v = g.ask(what, h, self.nvml.nvmlMemory_v2)
-            g.last[what] = None if isinstance(v, NoValue) else (v.used, v.free, v.total)
+            g.last[what] = _num(ask(g, what, h), 1e-3)
         elif what == "nvlink_state_getter":  # fallback when the state field is unsupported
             g.last[what] = [g.ask(what, h, lk) for lk in range(g.link_count)]
+
+    def _ask(self, g: _Gpu, what: str, *args):
+        """`g.ask`; the catalog metrics that ride on this call keep their part of its answer."""
+        v = g.ask(what, *args)
+        if what in self.catalog.rides:
+            self.catalog.take(g, what, v)
+        return v
 
     def collect(self, ts: float) -> tuple[GpuSample, ...]:
         """One tick: a GpuSample per GPU (lost ones marked lost). Never raises for one GPU's failure."""
@@ -274,7 +278,7 @@ class NvmlCollector:
     def _lost_sample(self, g: _Gpu) -> GpuSample:
         return GpuSample(index=g.index, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id,
                          lost=True, throttle_reasons=None, notes=("GPU is lost: fallen off the bus or otherwise inaccessible",),
-                         values=dict.fromkeys(LOST_VALUES))
+                         values=dict.fromkeys(VALUE_NAMES))
 
     def _read_hot(self, g: _Gpu) -> GpuSample:
         nv = self.nvml
@@ -284,7 +288,8 @@ class NvmlCollector:
         if what == "slow":
             what = next(g.last["slow"])
         self._read_getter(g, what)
-        self._read_getter(g, next(g.last["clocks"]))
+        if self.catalog.rotation:
+            self.catalog.read(g, next(g.last["catalog"]))
         if got is None or isinstance(got, NoValue):
             n = len(g.layout)  # the whole call failed: every entry unread this tick
             got = Readings([nv.NVML_ERROR_UNKNOWN] * n, [0] * n, [None] * n)
@@ -397,7 +402,7 @@ class NvmlCollector:
                 versions, [sp or None for sp in ss[1::2]], remote_types, remote_ids,
                 rates[0::2], rates[1::2], errors, deltas))
         energy = value("energy")
-        memory = g.last.get("memory") or (None, None, None)
+        self.catalog.take_fields(g, value)
         return GpuSample(
             index=g.index, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id, lost=False,
             power_w=power, power_limit_w=g.last.get("power_limit"), power_default_limit_w=g.default_limit_w,
@@ -405,10 +410,7 @@ class NvmlCollector:
             temperature_c=g.last.get("temperature"), utilization_pct=g.last.get("utilization"),
             throttle_reasons=g.last.get("throttle"), pcie=pcie, nvlink=tuple(links),
             nvlink_count=g.link_count, notes=tuple(g.notes.values()),
-            values={"sm_clock_hz": g.last.get("sm_clock"), "sm_clock_max_hz": g.sm_max_hz,
-                    "mem_clock_hz": g.last.get("mem_clock"), "mem_clock_max_hz": g.mem_max_hz,
-                    "fb_used_bytes": memory[0], "fb_free_bytes": memory[1], "fb_total_bytes": memory[2],
-                    "memory_temperature_c": value("memory_temp")},
+            values=self.catalog.values(g),
             fabric=self.fabric.of(g),
         )
 

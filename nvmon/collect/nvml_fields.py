@@ -9,6 +9,7 @@ name exists and that these exist exactly from that release on — so a renamed n
 
 from __future__ import annotations
 
+from nvmon.catalog import GPU_NVML
 from nvmon.model import THROTTLE_BITS  # the reported names belong to the model layer
 
 # Per-GPU fields (scopeId 0).
@@ -17,7 +18,6 @@ FI_LINK_COUNT = "NVML_FI_DEV_NVLINK_LINK_COUNT"  # links present; read before pr
 FI_PCIE_REPLAY = "NVML_FI_DEV_PCIE_REPLAY_COUNTER"
 FI_PCIE_TX_BYTES = "NVML_FI_DEV_PCIE_COUNT_TX_BYTES"  # bytes, cumulative ("can be wrapped")
 FI_PCIE_RX_BYTES = "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"
-FI_MEMORY_TEMP = "NVML_FI_DEV_MEMORY_TEMP"  # °C, a gauge ("Memory temperature for the device")
 
 # Per-link fields: "Link ID needs to be specified in the scopeId field" (nvml.h, THROUGHPUT group).
 FI_LINK_STATE = "NVML_FI_DEV_NVLINK_GET_STATE"  # INACTIVE=0 ACTIVE=1 SLEEP=2 ACTIVE_TRAFFIC_DISABLED=3
@@ -66,13 +66,6 @@ FUNCTIONS = {
     "pcie_width": ("nvmlDeviceGetCurrPcieLinkWidth",),
     "power_limit": ("nvmlDeviceGetEnforcedPowerLimit",),
     "power": ("nvmlDeviceGetPowerUsage",),  # fallback when the energy counter is unsupported
-    # clocks, MHz, by nvmlClockType_t (NVML_CLOCK_SM / NVML_CLOCK_MEM), and framebuffer memory
-    # (nvmlMemory_v2: total, reserved, free, used in bytes): a second rotation; the maxima once
-    "sm_clock": ("nvmlDeviceGetClockInfo",),
-    "mem_clock": ("nvmlDeviceGetClockInfo",),
-    "memory": ("nvmlDeviceGetMemoryInfo",),
-    "sm_clock_max": ("nvmlDeviceGetMaxClockInfo",),
-    "mem_clock_max": ("nvmlDeviceGetMaxClockInfo",),
     "nvlink_state_getter": ("nvmlDeviceGetNvLinkState",),  # fallback when the state field is unsupported
     # Xid events (nvml_events)
     "xid_events": ("nvmlDeviceRegisterEvents",),
@@ -86,6 +79,19 @@ FUNCTIONS = {
     "fabric": ("nvmlDeviceGetGpuFabricInfo",),
 }
 
+# The getters of the catalog's NVML metrics (`Metric.nvml`: clocks, framebuffer memory, ...), by their
+# call; a call the collector makes itself must name the same functions.
+def _add_catalog_functions() -> None:
+    for m in GPU_NVML:
+        if m.nvml.fn and FUNCTIONS.setdefault(m.nvml.call, m.nvml.fn) != m.nvml.fn:
+            raise ValueError(f"catalog metric {m.name}: call {m.nvml.call!r} is {FUNCTIONS[m.nvml.call]}, not {m.nvml.fn}")
+
+
+_add_catalog_functions()
+# The constants the catalog names (field ids, getter arguments), resolved through the chokepoint too.
+CATALOG_CONSTANTS = tuple(dict.fromkeys(
+    [m.nvml.field for m in GPU_NVML if m.nvml.field] + [a for m in GPU_NVML for a in m.nvml.args if isinstance(a, str)]))
+
 # Names above newer than the oldest nvidia-ml-py nvmon accepts (pyproject.toml): the release that
 # added each, checked against the pynvml.py of each release on PyPI. Every other name is in all.
 ADDED = {
@@ -94,6 +100,8 @@ ADDED = {
     "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": (12, 555),
     "nvmlDeviceGetTemperatureV": (12, 570),
     "nvmlDeviceGetGpuFabricInfoV": (12, 550),
+    # and those the catalog says are newer (`Nvml.since`: its field id, or its getter's newest name)
+    **{m.nvml.field or m.nvml.fn[0]: m.nvml.since for m in GPU_NVML if m.nvml.since},
 }
 
 PER_LINK_FIELDS = {

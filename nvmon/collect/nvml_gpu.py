@@ -44,14 +44,12 @@ class _Gpu:
     max_gen: int | None = None
     device_max_gen: int | None = None
     max_width: int | None = None
-    sm_max_hz: int | None = None
-    mem_max_hz: int | None = None
     link_count: int = 0
     links: list[_Link] = field(default_factory=list)
     # The links' static facts as columns (number, version, remote type, remote bus id), for _assemble.
     link_cols: tuple[tuple, tuple, tuple, tuple] = ((), (), (), ())
     unsupported: set[str] = field(default_factory=set)
-    last: dict[str, Any] = field(default_factory=dict)  # rotated getter values, carried over
+    last: dict[str, Any] = field(default_factory=dict)  # rotated getter values (the catalog's by metric), carried over
     notes: dict[str, str] = field(default_factory=dict)
     batch: FieldBatch | None = None  # the per-tick field-value request
     layout: list[tuple[str, int | None]] = field(default_factory=list)  # what each batch entry is
