@@ -17,11 +17,12 @@ import random
 import time
 import uuid as _uuid
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
 
 from nvmon.sim.profiles import PROFILES, BoardProfile
 from nvmon.sim.scenario import Fault, Scenario
+from nvmon.sim.waves import (INF, Spans, _pieces, held_s, inside, integral_outside, merge_spans, square_integral,
+                             square_level)
 
 # Traffic shapes per load: (period s, duty, hi level, lo level) as a fraction of the link's bandwidth.
 _NVLINK_SHAPE = {"idle": (1.0, 1.0, 0.0005, 0.0005), "allreduce": (2.0, 0.45, 0.80, 0.02), "busy": (1.0, 1.0, 0.55, 0.55)}
@@ -31,8 +32,6 @@ _POWER_SHAPE = {"idle": (1.0, 1.0, 0.11, 0.11), "allreduce": (2.0, 0.45, 0.70, 0
 _PCIE_BYTES_PER_S = {"idle": 4e6, "allreduce": 1.8e9, "busy": 2.5e9}
 _UTIL = {"idle": 0, "allreduce": 97, "busy": 100}
 
-INF = float("inf")
-Spans = tuple[tuple[float, float], ...]  # sorted, disjoint [start, end) of a fault
 
 # NVLink error growth per second on a faulty link, and IB error growth on a faulty port.
 _NVLINK_ERR_RATE = {"crc_flit": 5.0, "crc_data": 2.0, "replay": 3.0, "recovery": 0.1}
@@ -42,60 +41,8 @@ IB_ERR_WIDTH = {"symbol_error": 16, "link_downed": 8, "port_rcv_errors": 16, "li
                 "port_xmit_discards": 16}
 
 
-def square_integral(t: float, shape: tuple[float, float, float, float], phase: float) -> float:
-    """∫₀ᵗ level(s) ds for a square wave that is `hi` for the first `duty` of each period, then `lo`."""
-    period, duty, hi, lo = shape
-
-    def cum(x: float) -> float:
-        n, r = divmod(x, period)
-        on = duty * period
-        return n * period * (duty * hi + (1 - duty) * lo) + min(r, on) * hi + max(0.0, r - on) * lo
-
-    return cum(t + phase) - cum(phase)
-
-
-def merge_spans(spans) -> Spans:
-    """Sorted, disjoint [start, end) intervals covering the union of `spans`."""
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return tuple(out)
-
-
-def held_s(spans: Spans, t: float) -> float:
-    """Seconds in [0, t] covered by the disjoint `spans`."""
-    return sum(min(b, t) - a for a, b in spans if a < t)
-
-
-def inside(spans: Spans, t: float) -> bool:
-    return any(a <= t < b for a, b in spans)
-
-
-def integral_outside(spans: Spans, t: float, cum: Callable[[float], float]) -> float:
-    """∫ over [0, t] minus the disjoint `spans` of a level whose integral from 0 is `cum` (cum(0) == 0):
-    the fixed pieces before `t`, plus the growing one `t` is in (none while `t` is inside a span)."""
-    total, cursor = 0.0, 0.0
-    for a, b in spans:
-        if a >= t:
-            break
-        if a > cursor:
-            total += cum(a) - cum(cursor)
-        cursor = b
-        if cursor >= t:
-            return total
-    return total + (cum(t) - cum(cursor))
-
-
 def _span(f: Fault) -> tuple[float, float]:
     return f.after_s, INF if f.until_s is None else f.until_s
-
-
-def square_level(t: float, shape: tuple[float, float, float, float], phase: float) -> float:
-    period, duty, hi, lo = shape
-    return hi if ((t + phase) % period) < duty * period else lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +70,6 @@ class SimGpu:
     energy_base_mj: int
     pcie_base: tuple[int, int]
     replay_base: int
-
-
-def _pieces(points: list[float], value: Callable[[float], Any]) -> list[tuple[float, float, Any]]:
-    """[(start, end, value)] spans between sorted breakpoints (the last ends at INF), the value taken
-    at each span's start; neighbours with equal values are merged into one span."""
-    pieces: list[tuple[float, float, Any]] = []
-    for a, b in zip(points, points[1:] + [INF]):
-        v = value(a)
-        if pieces and pieces[-1][2] == v:
-            pieces[-1] = (pieces[-1][0], b, v)
-        else:
-            pieces.append((a, b, v))
-    return pieces
 
 
 class SimBoard:
