@@ -244,3 +244,16 @@ def test_the_catalog_rotation_gives_each_call_its_turns():
     calls = {"a": (m("a", 3),), "b": (m("b", 1),), "c": (m("c", 2),), "d": (m("d", 1, once=True),),
              "own": (m("own", 5),)}
     assert rotation(calls, ("own",)) == ("a", "a", "c", "a", "c", "b")
+
+
+def test_the_simulator_answers_every_catalog_nvml_metric():
+    """nvmon.sim.values is the one place a catalog NVML metric's simulated value comes from."""
+    from nvmon.catalog import GPU_NVML
+    from nvmon.sim import values
+    from nvmon.sim.board import SimBoard
+    from nvmon.sim.scenario import parse_scenario
+
+    assert {m.name for m in GPU_NVML} <= set(values.VALUES)
+    b = SimBoard(parse_scenario("hgx-h100"), clock=lambda: 1_700_000_000.0)
+    for m in GPU_NVML:
+        assert isinstance(values.value(m.name, b, 0, 10.0), int), m.name

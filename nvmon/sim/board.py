@@ -329,28 +329,6 @@ class SimBoard:
         base = {"idle": 31, "allreduce": 62, "busy": 66}[self.scenario.load]
         return base + self._temp_offset[gpu] + int(t) % 2
 
-    def memory_temperature_c(self, gpu: int, t: float) -> int:
-        """HBM runs a few degrees above the GPU core and, with more mass, without its second-to-second
-        flicker (NVML_FI_DEV_MEMORY_TEMP)."""
-        return self.temperature_c(gpu, t) - int(t) % 2 + 4 if not self.hot(gpu, t) else 95
-
-    def clock_mhz(self, gpu: int, clock: str, t: float) -> int:
-        """Current "sm" or "mem" clock: the SM clock boosts under load and drops while power-capped
-        or hot; HBM runs at its one clock."""
-        p = self.profile
-        if clock == "mem":
-            return p.mem_clock_max_mhz
-        if self.scenario.load == "idle":
-            return 345
-        if self.demand_over_cap(gpu, t) or self.hot(gpu, t):
-            return p.sm_clock_max_mhz * 7 // 10 // 15 * 15
-        return p.sm_clock_max_mhz - 15 * ((int(t) + gpu) % 3)
-
-    def fb_used_mib(self, gpu: int, t: float) -> int:
-        """Framebuffer in use (beside the driver's reservation): a resident model under load."""
-        total = self.profile.fb_total_mib
-        return 4 if self.scenario.load == "idle" else total * 87 // 100 + 64 * gpu
-
     def utilization(self, gpu: int, t: float) -> int:
         u = _UTIL[self.scenario.load]
         return u if u in (0, 100) else u + (int(t) + gpu) % 3

@@ -14,14 +14,17 @@ import struct
 from array import array
 from operator import itemgetter
 
+import pynvml
 from pynvml import NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUPPORTED, NVML_SUCCESS
 
+from nvmon.catalog import GPU_NVML
 from nvmon.collect.nvml_fields import NVLINK_GEN_TO_ENUM
 from nvmon.sim.board import NVLINK_ERR_KEYS, SimBoard
 from nvmon.sim.profiles import BoardProfile
+from nvmon.sim.values import VALUES, SimValue
 
-# Field ids nvmon's collector asks for (pynvml names; see nvmon/collect/nvml_fields.py).
-FI_MEMORY_TEMP = 82
+# Field ids nvmon's collector asks for (pynvml names; see nvmon/collect/nvml_fields.py), and those of
+# the catalog's field-id metrics (Metric.nvml.field), answered from nvmon.sim.values.
 FI_TOTAL_ENERGY = 83
 FI_LINK_COUNT = 91
 FI_PCIE_REPLAY = 94
@@ -45,10 +48,19 @@ assert array("I").itemsize == 4 and array("q").itemsize == array("Q").itemsize =
 _ERROR_FIELDS = {FI_ERROR_DL_REPLAY: "replay", FI_ERROR_DL_RECOVERY: "recovery", FI_ERROR_DL_CRC: "crc_flit"}
 _PER_LINK = {FI_THROUGHPUT_DATA_TX, FI_THROUGHPUT_DATA_RX, FI_GET_SPEED, FI_GET_STATE, FI_GET_VERSION, *_ERROR_FIELDS}
 
-# Slots of a call's return codes: fixed ones, then those a `notsup` fault decides.
-_R_OK, _R_NOTSUP, _R_INVALID, _R_ENERGY, _R_PCIE, _R_STATE, _R_MEMORY_TEMP = range(7)
-# Slots of a call's values: the GPU's, then from _V_LINKS on a column per `_LINK` value (link 0 first).
-_V_ZERO, _V_LINK_COUNT, _V_VERSION, _V_REPLAY, _V_ENERGY, _V_PCIE_TX, _V_PCIE_RX, _V_MEMORY_TEMP, _V_LINKS = range(9)
+# field id → (metric name, its simulated value), for the catalog's metrics the installed pynvml names
+CATALOG: dict[int, tuple[str, SimValue]] = {
+    getattr(pynvml, m.nvml.field): (m.name, VALUES[m.name]) for m in GPU_NVML
+    if m.nvml.field and isinstance(getattr(pynvml, m.nvml.field, None), int)}
+_CATALOG_INDEX = {fid: k for k, fid in enumerate(CATALOG)}
+
+# Slots of a call's return codes: fixed ones, then those a `notsup` fault decides, then one per
+# catalog field.
+_R_OK, _R_NOTSUP, _R_INVALID, _R_ENERGY, _R_PCIE, _R_STATE, _R_CATALOG = range(7)
+# Slots of a call's values: the GPU's, one per catalog field, then from _V_LINKS on a column per
+# `_LINK` value (link 0 first).
+_V_ZERO, _V_LINK_COUNT, _V_VERSION, _V_REPLAY, _V_ENERGY, _V_PCIE_TX, _V_PCIE_RX, _V_CATALOG = range(8)
+_V_LINKS = _V_CATALOG + len(CATALOG)
 _LINK = ("tx", "rx", *NVLINK_ERR_KEYS, "state", "speed")
 
 
@@ -65,8 +77,9 @@ def _rule(p: BoardProfile, fid: int, scope: int) -> tuple[int, int, int]:
         return VT_ULL, _R_ENERGY, _V_ENERGY
     if fid == FI_LINK_COUNT:
         return VT_UINT, _R_OK, _V_LINK_COUNT
-    if fid == FI_MEMORY_TEMP:  # °C, an unsigned int (as nvidia-smi's "Memory Current Temp")
-        return VT_UINT, _R_MEMORY_TEMP, _V_MEMORY_TEMP
+    if fid in _CATALOG_INDEX:
+        k = _CATALOG_INDEX[fid]
+        return CATALOG[fid][1].value_type, _R_CATALOG + k, _V_CATALOG + k
     if fid == FI_PCIE_REPLAY:
         return VT_UINT, _R_OK, _V_REPLAY
     if fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
@@ -102,7 +115,7 @@ class _Plan:
     """One request layout, resolved: which values a call must compute, and where each entry's
     return code and value come from."""
 
-    __slots__ = ("n", "static", "rets", "vals", "energy", "pcie", "links", "state", "memory_temp")
+    __slots__ = ("n", "static", "rets", "vals", "energy", "pcie", "links", "state", "catalog")
 
     def __init__(self, p: BoardProfile, ids: list[tuple[int, int]]):
         rules = [_rule(p, fid, scope) for fid, scope in ids]
@@ -114,7 +127,7 @@ class _Plan:
         self.energy = any(r == _R_ENERGY for _, r, _ in rules)
         self.pcie = any(r == _R_PCIE for _, r, _ in rules)
         self.state = any(r == _R_STATE for _, r, _ in rules)
-        self.memory_temp = any(r == _R_MEMORY_TEMP for _, r, _ in rules)
+        self.catalog = any(r >= _R_CATALOG for _, r, _ in rules)
         self.links = any(v >= _V_LINKS for _, _, v in rules)
 
 
@@ -133,6 +146,7 @@ class FieldValues:
         self._version = NVLINK_GEN_TO_ENUM.get(p.nvlink_gen, 0) & _MASK[VT_UINT]
         self._link_mbps = (p.link_mbps or 0) & _MASK[VT_UINT]
         self._plans: dict[bytes, _Plan] = {}
+        self._catalog_rets, self._catalog_vals = [NVML_SUCCESS] * len(CATALOG), [0] * len(CATALOG)
 
     def fill(self, g: int, t: float, ts_us: int, entries: memoryview) -> None:
         """Answer the c_nvmlFieldValue_t records in `entries` (raw bytes, written in place) for GPU
@@ -149,11 +163,14 @@ class FieldValues:
             plan = self._plans[key] = _Plan(self.board.profile, ids)
         b = self.board
         rets = [NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS, NVML_SUCCESS,
-                NVML_SUCCESS, NVML_SUCCESS]
-        vals = [0, self._link_count, self._version, b.gpus[g].replay_base & _MASK[VT_UINT], 0, 0, 0, 0]
-        if plan.memory_temp:
-            rets[_R_MEMORY_TEMP] = NVML_ERROR_NOT_SUPPORTED if b.notsup("memory_temperature", g, t) else NVML_SUCCESS
-            vals[_V_MEMORY_TEMP] = b.memory_temperature_c(g, t)
+                NVML_SUCCESS, *self._catalog_rets]
+        vals = [0, self._link_count, self._version, b.gpus[g].replay_base & _MASK[VT_UINT], 0, 0, 0,
+                *self._catalog_vals]
+        if plan.catalog:  # the catalog's field-id metrics, from their simulated values
+            for k, (_, sv) in enumerate(CATALOG.values()):
+                rets[_R_CATALOG + k] = NVML_ERROR_NOT_SUPPORTED if sv.notsup and b.notsup(sv.notsup, g, t) \
+                    else NVML_SUCCESS
+                vals[_V_CATALOG + k] = sv.at(b, g, t) & _MASK[sv.value_type]
         if plan.energy:  # the value is written even when the query answers NOT_SUPPORTED
             rets[_R_ENERGY] = NVML_ERROR_NOT_SUPPORTED if b.notsup("energy", g, t) else NVML_SUCCESS
             vals[_V_ENERGY] = b.energy_mj(g, t)

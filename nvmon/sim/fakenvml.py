@@ -28,6 +28,7 @@ import pynvml as _real_pynvml
 from nvmon.sim import fabric
 from nvmon.sim.board import SimBoard
 from nvmon.sim.fakefields import FV, FieldValues
+from nvmon.sim.values import FB_RESERVED_MIB, fill, value
 from nvmon.collect.nvml_fields import NVLINK_GEN_TO_ENUM
 
 # Return codes (values from nvml.h; identical in every pynvml).
@@ -42,8 +43,10 @@ EVENT_XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId when an event is not per instance
 
 _CLOCKS = {0: "sm", 1: "sm", 2: "mem"}  # nvmlClockType_t: GRAPHICS, SM, MEM (VIDEO is not modelled)
+# (clock, current?) → the catalog metric whose simulated value (nvmon.sim.values) the clock getters answer
+_CLOCK_METRICS = {("sm", True): "sm_clock_hz", ("mem", True): "mem_clock_hz", ("sm", False): "sm_clock_max_hz",
+                  ("mem", False): "mem_clock_max_hz"}
 _MEMORY_V2 = 0x02000028  # nvmlMemory_v2: sizeof(c_nvmlMemory_v2_t) | 2 << 24
-FB_RESERVED_MIB = 531  # what the driver keeps for itself ("Reserved" in nvidia-smi -q)
 _HANDLE_BASE = 0x5100_0000
 _EVENT_SET_BASE = 0x5200_0000
 _module_ids = itertools.count()
@@ -238,7 +241,7 @@ class FakeNvmlLib:
             return ERROR_NOT_SUPPORTED
         u = _out(ptr)
         u.gpu = self.board.utilization(g, self._t())
-        u.memory = u.gpu // 2
+        fill(u, "nvmlDeviceGetUtilizationRates", self.board, g, self._t())  # `memory`: the catalog's, if read
         return SUCCESS
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle, ptr) -> int:
@@ -257,9 +260,7 @@ class FakeNvmlLib:
         kind = _CLOCKS.get(_val(clock_type))  # graphics and SM share one clock on these GPUs
         if kind is None or self.board.notsup("clocks", g, self._t()):
             return ERROR_NOT_SUPPORTED
-        p = self.board.profile
-        _out(ptr).value = self.board.clock_mhz(g, kind, self._t()) if now else \
-            (p.sm_clock_max_mhz if kind == "sm" else p.mem_clock_max_mhz)
+        _out(ptr).value = value(_CLOCK_METRICS[kind, now], self.board, g, self._t())
         return SUCCESS
 
     def nvmlDeviceGetClockInfo(self, handle, clock_type, ptr) -> int:
@@ -277,10 +278,8 @@ class FakeNvmlLib:
             return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         if self.board.notsup("memory", g, self._t()):
             return ERROR_NOT_SUPPORTED
-        m.total = self.board.profile.fb_total_mib * 2**20
         m.reserved = FB_RESERVED_MIB * 2**20
-        m.used = self.board.fb_used_mib(g, self._t()) * 2**20
-        m.free = m.total - m.reserved - m.used
+        fill(m, "nvmlDeviceGetMemoryInfo", self.board, g, self._t())  # total, free, used
         return SUCCESS
 
     # -- PCIe ---------------------------------------------------------------------------------------
