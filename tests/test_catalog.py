@@ -257,3 +257,11 @@ def test_the_simulator_answers_every_catalog_nvml_metric():
     b = SimBoard(parse_scenario("hgx-h100"), clock=lambda: 1_700_000_000.0)
     for m in GPU_NVML:
         assert isinstance(values.value(m.name, b, 0, 10.0), int), m.name
+
+
+def test_views_show_values_in_their_units_display_form():
+    assert catalog.show("Hz", 1_980_000_000) == "1980 MHz"
+    assert catalog.show("B", 70_000 * 2**20) == "68.4 GiB"
+    assert catalog.show("B/s", 5e9) == "5.0 GB/s"
+    assert catalog.show("%", 49.0) == "49 %" and catalog.show("%", 49.5) == "49.5 %"
+    assert catalog.show("", 3) == "3" and catalog.display_unit("W") == ("W", 1.0, None)

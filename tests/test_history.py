@@ -207,3 +207,19 @@ def test_docs_describe_every_metric_and_table():
 
     tables = re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", _V1)
     assert [t for t in tables if f"`{t}`" not in doc] == []
+
+
+def test_the_table_shows_clocks_in_mhz_and_memory_in_gib_json_keeps_si_units(db):
+    """The table view prints each metric in its catalog unit's display form (catalog.display_unit);
+    JSON and CSV keep the stored SI values."""
+    window = ("--db", db, "--since", str(NOW - 60), "--until", str(NOW), "--gpu", "0",
+              "-m", "sm_clock_hz", "-m", "fb_used_bytes", "-m", "mem_clock_hz")
+    r = run(*window, "--limit", "1")
+    assert r.exit_code == 0, r.output
+    assert "sm clk MHz" in r.output and "fb used GiB" in r.output and "mem clk MHz" in r.output
+    assert "1980" in r.output and "68.4" in r.output and "2619" in r.output  # 70000 MiB = 68.4 GiB
+    assert "1980000000" not in r.output and str(70_000 * 2**20) not in r.output
+    rows = json.loads(run(*window, "--json").output)["gpu"]
+    assert rows[0]["sm_clock_hz"] == 1_980_000_000 and rows[0]["fb_used_bytes"] == 70_000 * 2**20
+    csv_out = run(*window, "--csv").output
+    assert "1980000000" in csv_out and str(70_000 * 2**20) in csv_out

@@ -6,6 +6,7 @@ standard library, so every layer may read it.
 from nvmon.catalog.families import BY_FAMILY, FAMILIES, GPU_LABELS, SCOPE_LABELS, Family
 from nvmon.catalog.metrics import (
     BY_NAME,
+    DISPLAY_UNITS,
     GPU_FACTS,
     GPU_NVML,
     GPU_TICK_SCALARS,
@@ -23,12 +24,14 @@ from nvmon.catalog.metrics import (
     Rollup,
     Scope,
     Static,
+    display_unit,
     getter,
     of_scope,
+    show,
 )
 
 __all__ = [
-    "BY_FAMILY", "BY_NAME", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_NVML", "GPU_TICK_SCALARS", "GPU_VALUES", "GPU_WIRE",
+    "BY_FAMILY", "BY_NAME", "DISPLAY_UNITS", "FAMILIES", "GPU_FACTS", "GPU_LABELS", "GPU_NVML", "GPU_TICK_SCALARS", "GPU_VALUES", "GPU_WIRE",
     "GPU_WIRE_FACTS", "GPU_WIRE_READ", "IN_VALUES", "METRICS", "SCOPE_LABELS", "Encode", "Family", "Kind", "Metric",
-    "Nvml", "Prom", "Rollup", "Scope", "Static", "getter", "of_scope",
+    "Nvml", "Prom", "Rollup", "Scope", "Static", "display_unit", "getter", "of_scope", "show",
 ]

@@ -406,6 +406,28 @@ def getter(metrics: Sequence[Metric]) -> Callable[[Any], tuple]:
     return lambda obj: pick(get_attrs(obj) + tuple(map(obj.values.get, keys)))
 
 
+# How views print a value of a unit (`Metric.unit`): (unit shown, divisor, decimals). Values stay in
+# SI units everywhere else (Sample, store, wire, JSON, CSV); other units print as they are.
+DISPLAY_UNITS: dict[str, tuple[str, float, int]] = {
+    "Hz": ("MHz", 1e6, 0), "B": ("GiB", 2**30, 1), "B/s": ("GB/s", 1e9, 1)}
+
+
+def display_unit(unit: str) -> tuple[str, float, int | None]:
+    """(unit shown, divisor, decimals; None: as the value is) for values of `unit`."""
+    return DISPLAY_UNITS.get(unit, (unit, 1.0, None))
+
+
+def show(unit: str, value: float | int) -> str:
+    """A value of `unit` as a view prints it: 1980000000 Hz → "1980 MHz", 49.0 % → "49 %"."""
+    shown, divisor, digits = display_unit(unit)
+    v = value / divisor
+    if digits is not None:
+        text = f"{v:.{digits}f}"
+    else:
+        text = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+    return f"{text} {shown}" if shown else text
+
+
 # The GPU metrics the store reads straight from a GpuSample, one column each, in catalog order.
 GPU_TICK_SCALARS: tuple[Metric, ...] = tuple(
     m for m in of_scope(G) if m.sampled and m.column is not None and m.static is Static.TICK)

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from nvmon.catalog import display_unit
 from nvmon.cli.common import DEFAULT_DB, DURATION, UNIT_S, NvmonError
 from nvmon.store.errors import StoreError, describe
 from nvmon.store.metrics import DEFAULT_METRICS, KINDS, METRICS
@@ -189,19 +190,28 @@ def _print_csv(h: History) -> None:
         w.writerow({"source": h.source, **{k: _cell(v) for k, v in rec.items()}})
 
 
-def _fmt(value: Any, scale: float) -> str:
+# (divisor, decimals) of a column in the table view; (1, None): the value as it is.
+Scale = tuple[float, int | None]
+AS_IS: Scale = (1.0, None)
+
+
+def _fmt(value: Any, scale: Scale) -> str:
     if value is None:
         return "-"
     if isinstance(value, list):
         return ",".join(str(v) for v in value) or "none"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        v = value / scale
-        return f"{v:.1f}" if scale != 1 else (f"{v:.3f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v))
+        divisor, digits = scale
+        v = value / divisor
+        if digits is not None:
+            return f"{v:.{digits}f}"
+        return f"{v:.3f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v)
     return str(value)
 
 
-def _view_columns(t) -> list[tuple[str, list[int], float]]:
-    """Table view: one column per metric; a rollup's avg/min/max share a cell (avg over min–max)."""
+def _view_columns(t) -> list[tuple[str, list[int], Scale]]:
+    """Table view: one column per metric; a rollup's avg/min/max share a cell (avg over min–max).
+    Values are shown in the catalog's display unit (catalog.display_unit: MHz, GiB, GB/s)."""
     from nvmon.store.metrics import BY_NAME
 
     cols: dict[str, list[int]] = {}
@@ -212,15 +222,14 @@ def _view_columns(t) -> list[tuple[str, list[int], float]]:
     out = []
     for base, idx in cols.items():
         m = BY_NAME.get(base)
-        unit = m.unit if m else ""
-        scale = 1e9 if unit == "B/s" else 1.0
-        unit = "GB/s" if unit == "B/s" else "" if unit in ("count", "links", "lanes") else unit
+        unit, divisor, digits = display_unit(m.unit if m else "")
+        unit = "" if unit in ("count", "links", "lanes") else unit
         label = (m.short if m else base) + (f" {unit}" if unit else "")
-        out.append((label, idx, scale))
+        out.append((label, idx, (divisor, digits)))
     return out
 
 
-def _rollup_cell(t, row: list[Any], idx: list[int], scale: float) -> str:
+def _rollup_cell(t, row: list[Any], idx: list[int], scale: Scale) -> str:
     by_stat = {t.columns[i].rsplit("_", 1)[-1]: row[i] for i in idx}
     if len(idx) == 1:
         return _fmt(row[idx[0]], scale)
@@ -261,7 +270,7 @@ def _print_tables(h: History, cut: dict[str, int]) -> None:
             table.add_column(label, justify="right")
         for row in t.rows:
             when = datetime.fromtimestamp(row[0] / 1000, tz=timezone.utc).strftime("%m-%d %H:%M:%S")
-            cells = [when, *(_fmt(row[t.columns.index(k)], 1) for k in keys)]
+            cells = [when, *(_fmt(row[t.columns.index(k)], AS_IS) for k in keys)]
             cells += [_rollup_cell(t, row, idx, scale) for _, idx, scale in view]
             # plain() strips control characters (hostile names): apply it line by line.
             table.add_row(*(Text("\n".join(plain(line) for line in c.split("\n"))) for c in cells))

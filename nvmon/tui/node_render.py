@@ -6,12 +6,14 @@ Every cell is a `Text` (Rich tables parse plain strings as markup); wire strings
 
 from __future__ import annotations
 
+from functools import partial
+
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from nvmon.catalog import GPU_WIRE_READ
+from nvmon.catalog import GPU_WIRE_READ, show
 from nvmon.codes import Severity
 from nvmon.fleet.state import NodeView
 from nvmon.tui.rows import c_status
@@ -153,7 +155,8 @@ def gpu_table(view: NodeView) -> Table | Text:
     return _fit(table)
 
 
-# How a catalog metric is shown, by its `fmt` (nvmon.catalog): values arrive in the metric's units.
+# How a catalog metric is shown, by its `fmt` (nvmon.catalog): values arrive in the metric's units;
+# a metric without one is shown in its unit's display form (catalog.show: "49 %").
 _FORMATS = {"mhz": lambda v: f"{v / 1e6:.0f} MHz", "mib": lambda v: f"{v / 2**30:.1f} GiB",
             "c": lambda v: f"{v:.0f}°C"}
 
@@ -170,7 +173,8 @@ def metrics_table(view: NodeView) -> Table | Text:
         cells = []
         for m in shown:
             v = g.values.get(m.name)
-            cells.append(T("–", DIM) if not known(v) else T(_FORMATS.get(m.fmt, str)(v)))
+            as_text = _FORMATS[m.fmt] if m.fmt in _FORMATS else partial(show, m.unit)
+            cells.append(T("–", DIM) if not known(v) else T(as_text(v)))
         table.add_row(T(str(g.index), "bold"), *cells)
     return _fit(table)
 
