@@ -75,7 +75,7 @@ async def test_each_simulated_fault_pages_once_and_resolves_when_cleared(tmp_pat
     argv, exec_out = recorder(tmp_path)  # an exec hook: a program that records its stdin
     hooks = (f'[[hooks]]\ntype = "exec"\ncommand = {json.dumps(argv)}\n'
              f'[[hooks]]\ntype = "webhook"\nurl = "{receiver.url("/webhook")}"\n'
-             f'[[hooks]]\ntype = "alertmanager"\nurl = "{receiver.url("/am")}"\n')
+             f'[[hooks]]\ntype = "alertmanager-webhook"\nurl = "{receiver.url("/am")}"\n')
     try:
         await _fault_pages_once(tmp_path, fault, codes, expected, ALERTS_TOML + hooks, receiver, exec_out)
     finally:
@@ -92,7 +92,7 @@ def hook_deliveries(receiver: Receiver, exec_out: Path, status: str) -> dict[str
     # fingerprint), so an alert rides along again when another in its group fires: count it once.
     am = sorted({a["fingerprint"] for b in receiver.bodies("/am") for a in b["alerts"]
                  if b["status"] == status and a["status"] == status})
-    return {"exec": exec_fps, "webhook": web, "alertmanager": am}
+    return {"exec": exec_fps, "webhook": web, "alertmanager-webhook": am}
 
 
 async def _fault_pages_once(tmp_path, fault, codes, expected, toml, receiver, exec_out):

@@ -171,8 +171,8 @@ async def test_grouping_sends_one_notification_per_group(receiver):
     assert len(receiver.bodies("/g")) == 2
 
 
-async def test_alertmanager_payload_is_valid_and_resolves(receiver):
-    d = HookDispatcher([hook("alertmanager", url=receiver.url("/am"), external_url="https://grafana.example/d/x")],
+async def test_alertmanager_webhook_payload_is_valid_and_resolves(receiver):
+    d = HookDispatcher([hook("alertmanager-webhook", url=receiver.url("/am"), external_url="https://grafana.example/d/x")],
                        backoff=FAST)
     fire = alert(labels={"team": "gpu", "node": "spoofed"})
     async with running(d):
@@ -182,7 +182,7 @@ async def test_alertmanager_payload_is_valid_and_resolves(receiver):
         await until(lambda: len(receiver.bodies("/am")) == 2)
     first, second = receiver.bodies("/am")
     for body, status in ((first, "firing"), (second, "resolved")):
-        assert body["version"] == "4" and body["status"] == status and body["receiver"] == "alertmanager"
+        assert body["version"] == "4" and body["status"] == status and body["receiver"] == "alertmanager-webhook"
         assert isinstance(body["groupKey"], str) and body["truncatedAlerts"] == 0
         assert body["externalURL"] == "https://grafana.example/d/x"
         for key in ("groupLabels", "commonLabels", "commonAnnotations"):
@@ -199,14 +199,14 @@ async def test_alertmanager_payload_is_valid_and_resolves(receiver):
     assert second["alerts"][0]["endsAt"] == "2024-05-01T12:10:00.000Z"
 
 
-async def test_alertmanager_notifications_carry_the_groups_whole_state(receiver):
-    d = HookDispatcher([hook("alertmanager", url=receiver.url("/am"))], backoff=FAST)
+async def test_alertmanager_webhook_notifications_carry_the_groups_whole_state(receiver):
+    d = HookDispatcher([hook("alertmanager-webhook", url=receiver.url("/am"))], backoff=FAST)
     a, b, other = alert(gpu=1), alert(gpu=2), alert(node="gpu-08")
     async with running(d):
         for batch in ([a], [b], [other], [a.with_status("resolved", T0 + 99)]):
             d.submit(batch)
-            n = stats(d, "alertmanager").sent
-            await until(lambda n=n: stats(d, "alertmanager").sent == n + 1)
+            n = stats(d, "alertmanager-webhook").sent
+            await until(lambda n=n: stats(d, "alertmanager-webhook").sent == n + 1)
     bodies = receiver.bodies("/am")
     assert [[(x["labels"]["gpu"], x["status"]) for x in body["alerts"]] for body in bodies] == [
         [("1", "firing")], [("2", "firing"), ("1", "firing")], [("2", "firing")], [("1", "resolved"), ("2", "firing")]]
@@ -431,7 +431,7 @@ async def test_missing_secret_is_one_line_without_value(tmp_path):
 
 
 @pytest.mark.parametrize("entry, message", [
-    ({"type": "email"}, "hooks.0.type: must be one of exec, webhook, alertmanager, pagerduty, slack"),
+    ({"type": "email"}, "hooks.0.type: must be one of exec, webhook, alertmanager, alertmanager-webhook, pagerduty, slack"),
     ({"type": "exec"}, 'hooks.0: exec hook needs command = ["/path/to/program", "arg", …]'),
     ({"type": "exec", "command": "/bin/page --team gpu"}, "hooks.0.command: Input should be a valid tuple"),
     ({"type": "exec", "command": []}, "hooks.0.command: must be a non-empty argv list"),
@@ -495,6 +495,9 @@ def write_config(tmp_path: Path, receiver: Receiver, extra: str = "") -> Path:
         url = "{receiver.url('/wh')}"
         [[hooks]]
         type = "alertmanager"
+        urls = ["{receiver.url('/amapi')}"]
+        [[hooks]]
+        type = "alertmanager-webhook"
         url = "{receiver.url('/am')}"
         [[hooks]]
         type = "pagerduty"
@@ -513,13 +516,17 @@ def test_hooks_test_command_delivers_to_every_hook(tmp_path, receiver):
     r = CliRunner().invoke(cli, ["hooks", "test", "--config", str(path)], env=env)
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert [ln.split()[0] for ln in lines] == ["exec", "webhook", "alertmanager", "pagerduty", "slack"]
+    assert [ln.split()[0] for ln in lines] == ["exec", "webhook", "alertmanager", "alertmanager-webhook", "pagerduty",
+                                               "slack"]
     assert all(" ok (firing: " in ln and "resolved: " in ln for ln in lines), r.stdout
     assert PD_KEY not in r.output and "SLACKSECRET" not in r.output
     (trig, res) = receiver.bodies("/pd")
     assert (trig["event_action"], res["event_action"]) == ("trigger", "resolve")
     assert trig["dedup_key"] == res["dedup_key"] and trig["payload"]["source"] == "gpu-07"
     assert [b["status"] for b in receiver.bodies("/am")] == ["firing", "resolved"]
+    fire, res = receiver.bodies("/amapi/api/v2/alerts")  # PostableAlerts: a list, endsAt once resolved
+    assert [a["labels"]["alertname"] for a in fire + res] == ["nvmon.test", "nvmon.test"]
+    assert "endsAt" not in fire[0] and res[0]["endsAt"] > res[0]["startsAt"]
     assert [b["code"] for b in receiver.bodies("/wh")] == ["nvmon.test", "nvmon.test"]
     assert [c["status"] for c in calls(tmp_path / "calls.jsonl")] == ["firing", "resolved"]
 
@@ -535,7 +542,7 @@ def test_hooks_test_command_reports_failures_without_secrets(tmp_path, receiver)
     assert "FAILED: firing: " in lines["slack"] and lines["slack"].split()[2] == "(url"
     assert lines["gone"].endswith("FAILED: firing: /nonexistent/page: no such program")
     assert " ok (" in lines["webhook"]
-    assert r.stderr == "nvmon: 3 of 6 hook(s) failed\n"
+    assert r.stderr == "nvmon: 3 of 7 hook(s) failed\n"
     assert PD_KEY not in r.stdout + r.stderr and "SLACKSECRET" not in r.stdout + r.stderr
 
 

@@ -1,8 +1,9 @@
 """One configured hook delivering one batch, once: run a program, or POST JSON over HTTP.
 
 Retries, queues and grouping live in `hook_dispatch`; what each type sends, in `hook_kinds`. This
-module holds the two transports (`Hook.post`, `Hook.run_program`), and knows how to describe a
-failure in one line (with every secret redacted) and whether retrying can help.
+module holds the transports (`Hook.post`, `Hook.post_all` for several servers, `Hook.run_program`),
+a hook's own TLS client where it has a CA bundle or client certificate, and knows how to describe
+a failure in one line (with every secret redacted) and whether retrying can help.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from time import time
@@ -34,22 +36,28 @@ class DeliveryError(Exception):
     the same thing again cannot help (HTTP 4xx, a missing program); `retry_after` is the
     server's Retry-After, if it gave one."""
 
-    def __init__(self, message: str, *, retryable: bool = True, retry_after: float | None = None):
+    def __init__(self, message: str, *, retryable: bool = True, retry_after: float | None = None,
+                 partial: bool = False):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        # Delivered to some of several servers (an HA pair of Alertmanagers), not to all: the
+        # dispatcher counts it sent and does not retry (the next re-send reaches the rest, as with
+        # Prometheus); `nvmon hooks test` reports it as a failure.
+        self.partial = partial
 
 
-def make_client() -> httpx.AsyncClient:
+def make_client(verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
     """The HTTP client hooks share: no redirects (a redirect must not carry a token elsewhere),
-    proxies from the environment (HTTPS_PROXY, NO_PROXY) as operators expect."""
+    proxies from the environment (HTTPS_PROXY, NO_PROXY) as operators expect. `verify`: a hook's
+    own TLS settings (`Hook.tls_context`)."""
     # httpx logs every request's full URL at INFO, and a Slack or webhook URL is a secret: keep
     # those loggers quiet unless someone configured them on purpose.
     for name in ("httpx", "httpcore"):
         lg = logging.getLogger(name)
         if lg.level == logging.NOTSET:
             lg.setLevel(logging.WARNING)
-    return httpx.AsyncClient(follow_redirects=False, headers={"User-Agent": USER_AGENT},
+    return httpx.AsyncClient(follow_redirects=False, headers={"User-Agent": USER_AGENT}, verify=verify,
                              limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
 
 
@@ -79,14 +87,47 @@ class Hook:
         self._environ = environ
         # Everything that must never be shown: the secrets read so far, and URLs (their paths
         # often are tokens). Redaction uses them all, also after a secret file changed.
+        # (Alertmanager base URLs in `urls` carry no token: errors name them, by scheme://host only.)
         self._hidden: list[str] = [u for u in (config.url,) if u]
+        self._own_client: httpx.AsyncClient | None = None  # with this hook's TLS settings, made on first use
 
     @property
     def target(self) -> str:
-        """Where it delivers, safe to show: the program, or `scheme://host/…`."""
+        """Where it delivers, safe to show: the program, or `scheme://host/…` (`+N` more servers)."""
         if self.kind.runs_program:
             return self.config.command[0] if self.config.command else "?"
-        return show_target(self.config.target_url)
+        more = f" +{len(self.config.urls) - 1}" if len(self.config.urls) > 1 else ""
+        return show_target(self.config.target_url) + more
+
+    def tls_context(self) -> ssl.SSLContext:
+        """The hook's TLS settings: its CA bundle (else the system's) and client certificate.
+        DeliveryError (one line, no retry) if a file cannot be used."""
+        cfg = self.config
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(cfg, key)
+            if path is not None and not os.path.isfile(path):
+                raise DeliveryError(f"hook {self.name}: {key} {path}: no such file", retryable=False)
+        try:
+            ctx = ssl.create_default_context(cafile=str(cfg.ca_file) if cfg.ca_file else None)
+            if cfg.cert_file is not None:
+                ctx.load_cert_chain(str(cfg.cert_file), str(cfg.key_file) if cfg.key_file else None)
+        except (OSError, ssl.SSLError) as e:  # unreadable, not PEM, key and certificate do not match
+            raise DeliveryError(f"hook {self.name}: ca_file/cert_file/key_file: {e.strerror or e}",
+                                retryable=False) from None
+        return ctx
+
+    def client(self, shared: httpx.AsyncClient) -> httpx.AsyncClient:
+        """The client to post with: the shared one, or this hook's own where it has TLS settings."""
+        if not self.config.tls:
+            return shared
+        if self._own_client is None:
+            self._own_client = make_client(self.tls_context())
+        return self._own_client
+
+    async def aclose(self) -> None:
+        if self._own_client is not None:
+            client, self._own_client = self._own_client, None
+            await client.aclose()
 
     @property
     def one_alert_per_delivery(self) -> bool:
@@ -112,10 +153,34 @@ class Hook:
             raise DeliveryError(str(e)) from None
         return await self.kind.send(self, client, status, labels, records, grouped, secret)
 
-    async def post(self, client: httpx.AsyncClient, url: str | None, body: dict[str, Any],
+    async def post_all(self, client: httpx.AsyncClient, urls: list[str], body: Any,
+                       extra_headers: dict[str, str] | None = None) -> str:
+        """POST `body` to every URL at once. Delivered where at least one accepted it (each of an
+        HA pair gets every alert; the pair deduplicates); DeliveryError(partial=True) names the
+        others, DeliveryError the first failure when none did."""
+        if len(urls) == 1:
+            return await self.post(client, urls[0], body, extra_headers)
+        results = await asyncio.gather(*(self.post(client, u, body, extra_headers) for u in urls),
+                                       return_exceptions=True)
+        failed = [(u, r) for u, r in zip(urls, results, strict=True) if isinstance(r, BaseException)]
+        for _, r in failed:
+            if not isinstance(r, DeliveryError):
+                raise r
+        if not failed:
+            return f"{results[0]} from {len(urls)} servers"
+        detail = "; ".join(f"{show_target(u)}: {r}" for u, r in failed)
+        if len(failed) == len(urls):
+            first = failed[0][1]
+            raise DeliveryError(self.redact(f"all {len(urls)} servers failed: {detail}"),
+                                retryable=any(r.retryable for _, r in failed), retry_after=first.retry_after)
+        raise DeliveryError(self.redact(f"{len(urls) - len(failed)} of {len(urls)} servers took it; {detail}"),
+                            partial=True)
+
+    async def post(self, client: httpx.AsyncClient, url: str | None, body: Any,
                    extra_headers: dict[str, str] | None = None) -> str:
         """POST `body` as JSON to `url` once (the hook's headers and timeout); DeliveryError if it failed."""
         assert url is not None  # guaranteed by the kind's config check
+        client = self.client(client)
         t = self.config.timeout_s
         headers = {"Content-Type": "application/json", **self.config.headers, **(extra_headers or {})}
         data = json.dumps(body, ensure_ascii=False).encode()

@@ -6,7 +6,9 @@ itself (a full queue drops that hook's newest alerts, counted and logged once pe
 Per hook: filters (`on`, `min_severity`), grouping (`group_wait_s` / `group_by`: alerts of one
 status and group that arrive within the wait go out as one notification), a repeat interval for
 alerts still firing, retries with exponential backoff and jitter (a server's Retry-After wins),
-and statistics.
+and statistics. Kinds with `keep_alive_s` (Alertmanager's API) re-send every firing alert at that
+interval, acked or not, so that Alertmanager does not resolve it by itself; kinds with
+`sends_acks` (PagerDuty) get an `acknowledged` notification when someone acks an alert they paged.
 
 Wiring (daemon or fleet aggregator):
 
@@ -15,6 +17,7 @@ Wiring (daemon or fleet aggregator):
         log.warning(problem)
     tg.create_task(dispatcher.run(), name="hooks")  # stops when cancelled
     engine = ...(notifier=dispatcher)               # dispatcher.submit(records) on transitions
+    dispatcher.controls(active, silenced)           # whenever acks/silences are applied (every 2 s)
 """
 
 from __future__ import annotations
@@ -76,13 +79,20 @@ class _Firing:
     next_repeat: float  # loop time; inf without repeat_interval_s
 
 
+@dataclass(frozen=True, slots=True)
+class _Ack:
+    """An ack to send on (kinds with `sends_acks`), queued behind the alert's own transitions."""
+
+    record: AlertRecord
+
+
 class _Worker:
     """Delivers one hook's notifications, one at a time, in order."""
 
     def __init__(self, hook: Hook, queue_size: int, backoff: Backoff):
         self.hook = hook
         self.cfg: HookConfig = hook.config
-        self.queue: asyncio.Queue[AlertRecord] = asyncio.Queue(maxsize=queue_size)
+        self.queue: asyncio.Queue[AlertRecord | _Ack | None] = asyncio.Queue(maxsize=queue_size)
         self.backoff = backoff
         self.sent = self.failed = self.dropped = 0
         self.last_error: str | None = None
@@ -94,28 +104,71 @@ class _Worker:
         self._groups: dict[tuple, _Batch] = {}
         self._firing: dict[str, _Firing] = {}
         self.quiet: frozenset[str] = frozenset()  # acked or silenced now: no repeats (HookDispatcher.quiet)
+        self._acked: set[tuple[str, float]] = set()  # (fingerprint, starts_at) whose ack went to the queue
+        # Re-send firing alerts this often (0: never): the config's, else the kind's keep-alive.
+        self.repeat_s: float = self.cfg.repeat_interval_s or hook.kind.keep_alive_s or 0.0
 
     # -- intake (called from submit: must not block or raise) --
 
     def offer(self, rec: AlertRecord) -> None:
         if rec.status not in HOOK_STATUSES or not self.cfg.wants_severity(rec.severity):
             return
+        self._put(rec)
+
+    def _wants_firing(self, rec: AlertRecord) -> bool:
+        return "firing" in self.cfg.on and self.cfg.wants_severity(rec.severity)
+
+    def sync(self, active: dict[str, AlertRecord], silenced: frozenset[str], now: float) -> None:
+        """The engine's active alerts now (HookDispatcher.controls): forget firing alerts that
+        ended unseen (resolved while silenced: no resolve comes), queue acks to send on, and for
+        keep-alive kinds take up firing alerts this hook never saw fire (restored after a restart)."""
+        for fp in [fp for fp in self._firing if fp not in active]:
+            del self._firing[fp]
+        firing = [r for r in active.values() if r.status == "firing"]
+        kind = self.hook.kind
+        if kind.keep_alive_s:
+            self.quiet = frozenset()  # an ack is not an end: Alertmanager must keep hearing of it
+            adopted = False
+            for r in firing:
+                if r.fingerprint not in self._firing and r.fingerprint not in silenced and self._wants_firing(r):
+                    group = tuple(group_labels(r, self.cfg.group_by).values())
+                    self._firing[r.fingerprint] = _Firing(r, group, now)  # due now
+                    adopted = True
+            if adopted:
+                self._put(None)  # wake the worker: something is due before its current deadline
+        else:
+            self.quiet = frozenset(fp for fp, r in active.items() if r.acked_at is not None or fp in silenced)
+        if kind.sends_acks:
+            for r in firing:
+                key = (r.fingerprint, r.starts_at)
+                if r.acked_at is not None and key not in self._acked and self._wants_firing(r):
+                    self._acked.add(key)
+                    self._put(_Ack(r))
+            self._acked &= {(r.fingerprint, r.starts_at) for r in active.values()}
+
+    def _put(self, item: AlertRecord | _Ack | None) -> None:
         try:
-            self.queue.put_nowait(rec)
+            self.queue.put_nowait(item)
         except asyncio.QueueFull:
+            if item is None:
+                return  # a wake-up: the full queue wakes the worker anyway
             self.dropped += 1
             if not self._overflowing:
                 self._overflowing = True
                 log.warning("hook %s: queue full (%d), dropping alerts until it drains (%d dropped so far)",
                             self.hook.name, self.queue.maxsize, self.dropped)
 
-    def _accept(self, rec: AlertRecord, now: float) -> None:
+    def _accept(self, rec: AlertRecord | _Ack, now: float) -> None:
         cfg = self.cfg
+        if isinstance(rec, _Ack):  # one acknowledgement, at once, for the one alert
+            r = rec.record
+            self._ready.append(_Batch("acknowledged", group_labels(r, cfg.group_by), {r.fingerprint: r}, grouped=False))
+            return
         fp = rec.fingerprint
         labels = group_labels(rec, cfg.group_by)
         if rec.status == "firing":
             if fp in self._firing or len(self._firing) < MAX_TRACKED_FIRING:
-                repeat = now + cfg.group_wait_s + cfg.repeat_interval_s if cfg.repeat_interval_s > 0 else math.inf
+                repeat = now + cfg.group_wait_s + self.repeat_s if self.repeat_s > 0 else math.inf
                 self._firing[fp] = _Firing(rec, tuple(labels.values()), repeat)
         else:
             self._firing.pop(fp, None)
@@ -142,7 +195,7 @@ class _Worker:
         if self._ready or (self.draining and self._groups):
             return 0.0
         times = [b.deadline for b in self._groups.values()]
-        if self._firing and "firing" in self.cfg.on and self.cfg.repeat_interval_s > 0:
+        if self._firing and "firing" in self.cfg.on and self.repeat_s > 0:
             times.append(min(f.next_repeat for f in self._firing.values()))
         return max(0.0, min(times) - now) if times else None
 
@@ -154,15 +207,18 @@ class _Worker:
                 out.append(batch)
                 del self._groups[key]
         cfg = self.cfg
-        if self._firing and "firing" in cfg.on and cfg.repeat_interval_s > 0:
+        if self._firing and "firing" in cfg.on and self.repeat_s > 0:
             repeats: dict[tuple, _Batch] = {}
             for fp, f in self._firing.items():
                 if f.next_repeat > now:
                     continue
-                f.next_repeat = now + cfg.repeat_interval_s
+                f.next_repeat = now + self.repeat_s
                 if fp in self.quiet:  # acked or silenced since it fired: someone is on it
                     continue
                 labels = dict(zip(cfg.group_by, f.group, strict=True))
+                if self.hook.kind.keep_alive_s and cfg.group_wait_s <= 0:  # one request for every re-send due
+                    repeats.setdefault((), _Batch("firing", {}, {}, grouped=False)).records[fp] = f.record
+                    continue
                 if cfg.group_wait_s <= 0:
                     out.append(_Batch("firing", labels, {fp: f.record}, grouped=False))
                     continue
@@ -220,6 +276,12 @@ class _Worker:
             try:
                 result = await hook.deliver(client, batch.status, batch.labels, records, batch.grouped)
             except DeliveryError as e:
+                if e.partial:  # some of several servers have it; the next re-send reaches the rest
+                    self.sent += n
+                    self.last_sent_at = time.time()
+                    self.last_error = str(e)
+                    log.warning("hook %s: %d %s alert(s) delivered in part: %s", hook.name, n, batch.status, e)
+                    return
                 err = e
             except Exception as e:  # a payload bug (e.g. a value that is not JSON-able): no retry
                 log.debug("hook %s: delivery raised", hook.name, exc_info=True)
@@ -267,7 +329,9 @@ class HookDispatcher:
         for w in self._workers:
             try:
                 w.hook.secret()
-            except HookConfigError as e:
+                if w.cfg.tls:
+                    w.hook.tls_context()
+            except (HookConfigError, DeliveryError) as e:
                 problems.append(str(e))
         return problems
 
@@ -287,13 +351,27 @@ class HookDispatcher:
             if self._submit_errors == 1:
                 log.exception("hooks: could not queue alerts")
 
+    def controls(self, active: Iterable[AlertRecord], silenced: Iterable[str] = ()) -> None:
+        """The alerts active now (pending and firing, `acked_at` set where acked) and the
+        fingerprints a silence matches, whenever the engine's acks and silences are applied. Repeats
+        of acked or silenced alerts stop (as with `quiet`), except for keep-alive kinds
+        (Alertmanager: an unrepeated alert expires there); a new ack of an alert a PagerDuty hook
+        paged goes to it as `acknowledge`; firing alerts nobody resolved are forgotten once they
+        leave the set. Call from the event loop."""
+        current = {r.fingerprint: r for r in active}
+        quiet = frozenset(silenced)
+        now = self._loop.time() if self._loop is not None else time.monotonic()
+        for w in self._workers:
+            w.sync(current, quiet, now)
+
     def quiet(self, fingerprints: Iterable[str]) -> None:
         """The alerts acked or silenced now (the engine knows; the dispatcher only saw them fire):
         their repeats (`repeat_interval_s`) are skipped while they stay in this set. Resolves are
         unaffected. Call from the event loop with the whole current set each time."""
         fps = frozenset(fingerprints)
         for w in self._workers:
-            w.quiet = fps
+            if not w.hook.kind.keep_alive_s:  # Alertmanager: an unrepeated alert expires there
+                w.quiet = fps
 
     def _offer(self, records: Iterable[AlertRecord]) -> None:
         for rec in records:
@@ -306,9 +384,14 @@ class HookDispatcher:
         if not self._workers:
             return
         log.info("hooks: %s", ", ".join(f"{w.hook.name} ({w.cfg.type} → {w.hook.target})" for w in self._workers))
-        async with make_client() as client, asyncio.TaskGroup() as tg:
-            for w in self._workers:
-                tg.create_task(w.run(client), name=f"hook-{w.hook.name}")
+        try:
+            async with make_client() as client, asyncio.TaskGroup() as tg:
+                for w in self._workers:
+                    tg.create_task(w.run(client), name=f"hook-{w.hook.name}")
+        finally:
+            for w in self._workers:  # the hooks' own TLS clients
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(w.hook.aclose())
 
     async def drain(self, timeout_s: float) -> bool:
         """On stop, before cancelling `run()`: deliver what is queued or grouped now (retries

@@ -5,10 +5,13 @@ labels (the hook's `group_by` values) and its alerts. Without grouping a batch h
 
 - exec / webhook: one alert → its `AlertRecord.to_dict()` object; grouped (`group_wait_s` > 0) →
   `{"status", "group", "alerts": [...]}` so that a script sees one shape per configuration;
-- alertmanager: Alertmanager's webhook payload, version "4"
+- alertmanager: Alertmanager's own API, `POST /api/v2/alerts` with a `PostableAlerts` array
+  (api/v2/openapi.yaml in prometheus/alertmanager): labels, annotations, startsAt, endsAt once
+  resolved, generatorURL;
+- alertmanager-webhook: the body Alertmanager sends *its* receivers, version "4"
   (https://prometheus.io/docs/alerting/latest/configuration/#webhook_config);
-- pagerduty: one Events API v2 event per alert, dedup_key = fingerprint
-  (https://developer.pagerduty.com/docs/events-API-v2/trigger-events/);
+- pagerduty: one Events API v2 event per alert, dedup_key = fingerprint: trigger, acknowledge
+  (after an ack), resolve (https://developer.pagerduty.com/docs/events-API-v2/trigger-events/);
 - slack: one incoming-webhook message per batch, an attachment per alert coloured by severity
   (https://api.slack.com/messaging/webhooks). Slack interprets `<…>` and `&` in text, so every
   alert string is escaped: a label cannot ping @channel or forge a link.
@@ -17,12 +20,15 @@ labels (the hook's `group_by` values) and its alerts. Without grouping a batch h
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from nvmon.alerts.model import AlertRecord, iso
 
 ALERTMANAGER_ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt while an alert is firing
 MAX_GROUP_ALERTS = 200  # an Alertmanager batch beyond this is cut (truncatedAlerts says by how many)
+ALERTMANAGER_BATCH = 64  # alerts per POST /api/v2/alerts (Prometheus' notifier sends at most 64)
+_AM_LABEL = re.compile(r"[^A-Za-z0-9_]")  # Alertmanager refuses a batch with a label name outside [A-Za-z_][A-Za-z0-9_]*
 SLACK_MAX_ATTACHMENTS = 20
 PD_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}  # PD also has "error"
 SLACK_COLOR = {"critical": "#d00000", "warning": "#daa038", "info": "#439fe0", "resolved": "#2eb886"}
@@ -117,6 +123,52 @@ def alertmanager_payload(receiver: str, status: str, labels: dict[str, str], rec
     }
 
 
+def _label_name(name: str) -> str:
+    """An extra label's name as Alertmanager accepts it (Prometheus' convention: other characters → _)."""
+    name = _AM_LABEL.sub("_", name)
+    return "_" + name if not name or name[0].isdigit() else name
+
+
+def _description(rec: AlertRecord) -> str:
+    where = ", ".join(p for p in (f"node {rec.node}" if rec.node else None, f"rack {rec.rack}" if rec.rack else None,
+                                 f"cluster {rec.cluster}") if p)
+    text = f"{rec.summary} ({where}; seen {rec.count}×"
+    if rec.value is not None:
+        text += f"; value {json.dumps(rec.value)}"
+        if rec.threshold is not None:
+            text += f", threshold {json.dumps(rec.threshold)}"
+    return text + ")"
+
+
+def alertmanager_alerts(records: list[AlertRecord], generator_url: str | None) -> list[dict[str, Any]]:
+    """`PostableAlerts` for Alertmanager's API. Labels: alertname (the code), severity, the place
+    (cluster, rack, node, gpu, link, hca = the IB device, port) where the alert has it, then extra
+    labels (never overriding those). A firing alert has no endsAt (Alertmanager keeps it for its
+    resolve_timeout after each receipt: the hook re-sends it); a resolved one ends at its end."""
+    out = []
+    for r in records:
+        labels = {"alertname": r.code, "severity": r.severity, "cluster": r.cluster}
+        for key, v in (("rack", r.rack), ("node", r.node), ("gpu", r.gpu), ("link", r.link), ("hca", r.device),
+                       ("port", r.port)):
+            if v is not None and v != "":
+                labels[key] = str(v)
+        for k, v in r.labels.items():
+            if v is not None and str(v) != "":
+                labels.setdefault(_label_name(str(k)), str(v))
+        alert: dict[str, Any] = {
+            "labels": labels,
+            "annotations": {"summary": r.summary, "description": _description(r), "runbook": r.runbook,
+                            "fingerprint": r.fingerprint},
+            "startsAt": iso(r.starts_at),
+        }
+        if r.status == "resolved":
+            alert["endsAt"] = iso(max(r.ends_at or r.starts_at, r.starts_at + 0.001))  # Alertmanager: starts < ends
+        if generator_url:
+            alert["generatorURL"] = generator_url
+        out.append(alert)
+    return out
+
+
 def _component(rec: AlertRecord) -> str | None:
     parts = []
     if rec.gpu is not None:
@@ -153,6 +205,11 @@ def pagerduty_event(routing_key: str, rec: AlertRecord, external_url: str | None
     if external_url:
         event["client_url"] = external_url
     return event
+
+
+def pagerduty_ack(routing_key: str, rec: AlertRecord) -> dict[str, Any]:
+    """The acknowledge event for an alert someone acked (nvmon alerts ack, the TUI's `k`)."""
+    return {"routing_key": routing_key, "event_action": "acknowledge", "dedup_key": rec.fingerprint}
 
 
 def slack_escape(text: str) -> str:

@@ -55,10 +55,15 @@ class HookConfig(BaseModel):
     name: str | None = None  # shown in logs, stats and `nvmon hooks test`; default: the type (+ -N)
     command: tuple[str, ...] | None = None  # exec: argv, run without a shell
     url: str | None = None  # http(s) endpoint; pagerduty defaults to the Events API v2
+    urls: tuple[str, ...] = ()  # alertmanager: every Alertmanager's base URL (an HA pair gets each alert)
     timeout_s: float = Field(10.0, gt=0, le=300)
     headers: dict[str, str] = Field(default_factory=dict)
     secret_file: Path | None = None
     secret_env: str | None = None
+    username: str | None = None  # HTTP basic auth: this user, the secret as password (else bearer)
+    ca_file: Path | None = None  # TLS: verify the server against this CA bundle (else the system's)
+    cert_file: Path | None = None  # TLS client certificate (PEM; with key_file unless it holds the key)
+    key_file: Path | None = None
     on: tuple[Literal["firing", "resolved"], ...] = HOOK_STATUSES
     min_severity: Literal["info", "warning", "critical"] = "info"
     group_wait_s: float = Field(0.0, ge=0, le=3600)  # 0: one notification per alert, at once
@@ -89,6 +94,22 @@ class HookConfig(BaseModel):
     def _url(cls, v: str | None) -> str | None:
         if v is not None:
             check_url(v)
+        return v
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(v) > 8:
+            raise ValueError("at most 8 URLs")
+        for u in v:
+            check_url(u)
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("username")
+    @classmethod
+    def _username(cls, v: str | None) -> str | None:
+        if v is not None and (not v or ":" in v or any(c in v for c in "\r\n\0") or len(v) > 256):
+            raise ValueError("must be 1-256 characters without ':' or line breaks")
         return v
 
     @field_validator("headers")
@@ -134,9 +155,14 @@ class HookConfig(BaseModel):
 
     @property
     def target_url(self) -> str | None:
-        """The configured endpoint, or the type's default (PagerDuty's Events API); None for exec,
-        and for slack when the URL is the secret."""
-        return self.url or HOOK_KINDS[self.type].default_url
+        """The configured endpoint, or the type's default (PagerDuty's Events API); the first of
+        `urls` for alertmanager; None for exec, and for slack when the URL is the secret."""
+        return self.url or (self.urls[0] if self.urls else None) or HOOK_KINDS[self.type].default_url
+
+    @property
+    def tls(self) -> bool:
+        """Whether this hook needs its own TLS settings (a CA bundle or a client certificate)."""
+        return self.ca_file is not None or self.cert_file is not None
 
     def wants_severity(self, severity: str) -> bool:
         return Severity.rank_of(severity) <= Severity.rank_of(self.min_severity)  # unknown words: least severe

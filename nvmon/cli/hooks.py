@@ -64,6 +64,8 @@ async def _try(hook: Hook, firing: AlertRecord, resolved: AlertRecord) -> tuple[
         return False, f"{step}: {e}"
     except Exception as e:  # a bug: still one line, still no secret
         return False, hook.redact(f"internal error: {type(e).__name__}: {e}")
+    finally:
+        await hook.aclose()  # its own TLS client, if it has one
     return True, ", ".join(done)
 
 
@@ -73,7 +75,7 @@ async def _run_all(hooks: list[Hook], firing: AlertRecord, resolved: AlertRecord
 
 @click.group("hooks")
 def hooks_group() -> None:
-    """On-call hooks (exec, webhook, alertmanager, pagerduty, slack): see docs/alerts.md."""
+    """On-call hooks (exec, webhook, alertmanager, alertmanager-webhook, pagerduty, slack): see docs/alerts.md."""
 
 
 @hooks_group.command("test")

@@ -190,13 +190,17 @@ class DaemonAlerts:
 
     def apply_controls(self) -> None:
         """Hand the engine the node's and the cluster's acks and silences, and tell the notifier
-        which alerts are acked or silenced now (no repeat pages for them)."""
+        which alerts are active, acked or silenced now (no repeat pages for acked or silenced ones;
+        a new ack goes on to PagerDuty hooks)."""
         now = self.clock()
         self.engine.set_controls(*merge(self._local, self.shared.controls(now)))
-        quiet = getattr(self.notifier, "quiet", None)
-        if quiet is not None:
-            quiet(r.fingerprint for r in self.engine.active()
-                  if r.acked_at is not None or self.engine.silenced(r, now))
+        active = self.engine.active()
+        silenced = [r.fingerprint for r in active if self.engine.silenced(r, now)]
+        controls = getattr(self.notifier, "controls", None)
+        if controls is not None:
+            controls(active, silenced)
+        elif (quiet := getattr(self.notifier, "quiet", None)) is not None:
+            quiet([r.fingerprint for r in active if r.acked_at is not None] + silenced)
 
     async def publish_loop(self) -> None:
         """Publish the active set whenever it changes (the publisher re-sends it on reconnect)."""

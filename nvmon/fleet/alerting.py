@@ -157,14 +157,22 @@ class FleetAlerts:
             eng.set_controls(self._acks, self._silences)
 
     def apply_controls(self) -> None:
-        """The database's and the shared acks/silences to every engine; acked or silenced alerts
-        to the notifier's quiet set (no repeat pages)."""
+        """The database's and the shared acks/silences to every engine; the active alerts and the
+        silenced ones to the notifier (no repeat pages for acked or silenced ones; a new ack goes on
+        to PagerDuty hooks)."""
         now = self.clock()
         self.set_controls(*merge(self._local, self.shared.controls(now)))
-        quiet = getattr(self.notifier, "quiet", None)
-        if quiet is not None:
-            quiet(r.fingerprint for eng in self.engines.values() for r in eng.active()
-                  if r.acked_at is not None or eng.silenced(r, now))
+        active, silenced = [], []
+        for eng in self.engines.values():
+            for r in eng.active():
+                active.append(r)
+                if eng.silenced(r, now):
+                    silenced.append(r.fingerprint)
+        controls = getattr(self.notifier, "controls", None)
+        if controls is not None:
+            controls(active, silenced)
+        elif (quiet := getattr(self.notifier, "quiet", None)) is not None:
+            quiet([r.fingerprint for r in active if r.acked_at is not None] + silenced)
 
     # -- persistence ----------------------------------------------------------------------------
 
