@@ -11,7 +11,21 @@ from nvmon.catalog import BY_FAMILY, GPU_LABELS, SCOPE_LABELS, Family
 
 MetricDef = Family  # the exporter's older name for a family
 METRICS: dict[str, Family] = BY_FAMILY
-__all__ = ["GPU_LABELS", "METRICS", "PROCESS_METRICS", "SCOPE_LABELS", "MetricDef", "exported_names"]
+__all__ = ["GPU_LABELS", "METRICS", "NVMON_GPU_LABELS", "NVMON_LABEL_NAMES", "PROCESS_METRICS", "SCOPE_LABELS",
+           "MetricDef", "exported_names", "labels_of"]
+
+# nvmon's own per-GPU families (`nvmon_gpu_*`) carry the GPU label set with `modelName` spelled
+# `model_name`, so that `promtool check metrics` passes on every `nvmon_*` family (its lint wants
+# snake_case). `UUID` and `Hostname` stay as dcgm-exporter spells them: they are the keys that
+# join nvmon_* with DCGM_* series, and promtool accepts them (no lower-case letter before a capital).
+NVMON_LABEL_NAMES = {"modelName": "model_name"}
+NVMON_GPU_LABELS = tuple(NVMON_LABEL_NAMES.get(n, n) for n in GPU_LABELS)
+
+
+def labels_of(family: Family) -> tuple[str, ...]:
+    """The label names a family's series carry: its scope's set, then its own labels."""
+    own_gpu = family.scope == "GPU" and family.name.startswith("nvmon_")
+    return (*(NVMON_GPU_LABELS if own_gpu else SCOPE_LABELS[family.scope]), *family.labels)
 
 # prometheus_client's ProcessCollector (Linux /proc): the daemon's own CPU, memory and files.
 PROCESS_METRICS = (

@@ -23,7 +23,7 @@ from prometheus_client.samples import Sample as PromSample
 from nvmon.audit import RULES, Judge
 from nvmon.audit import _is_active as ib_port_up  # one definition of a working port
 from nvmon.catalog import BY_NAME, FAMILIES, getter
-from nvmon.export.catalog import METRICS
+from nvmon.export.catalog import METRICS, NVMON_LABEL_NAMES
 from nvmon.export.exposition import Labels
 from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample, fabric_flags
 
@@ -130,7 +130,8 @@ def advance(prev: Snapshot | None, sample: Sample) -> Snapshot:
 
 # (family, divisor) of every GPU family the catalog fills from a metric, and one getter of all
 # their values (dcgm-exporter's units: NVML's PCIe throughput is in KB/s, KB = 1024 bytes).
-_SIMPLE = tuple((fam.name, fam.divisor) for fam in FAMILIES if fam.metric is not None and fam.scope == "GPU")
+_SIMPLE = tuple((fam.name, fam.divisor, fam.name.startswith("nvmon_")) for fam in FAMILIES
+                if fam.metric is not None and fam.scope == "GPU")  # (family, divisor, nvmon's labels)
 _SIMPLE_GET = getter([BY_NAME[fam.metric] for fam in FAMILIES if fam.metric is not None and fam.scope == "GPU"])
 _LINK_ID = attrgetter("link")
 _ACTIVE = attrgetter("active")
@@ -250,8 +251,10 @@ class SampleCollector(Collector):
         self._node(f, s, node)
         gpu_labels = {}
         for g in s.gpus:
-            gpu_labels[g.index] = lab = self._root(gpu_label_pairs(g, s.node))
-            self._gpu(f, snap, g, lab)
+            pairs = gpu_label_pairs(g, s.node)
+            lab, own = self._root(pairs), self._root(nvmon_label_pairs(pairs))  # DCGM_* / nvmon_* labels
+            gpu_labels[g.index] = own
+            self._gpu(f, snap, g, lab, own)
         self._ib(f, snap, node)
         self._pci(f, s, node)
         self._topology(f, s, node, gpu_labels)
@@ -267,13 +270,13 @@ class SampleCollector(Collector):
         f.add("nvmon_nvml_up", node, int(s.nvml.available))
         f.add("nvmon_sample_timestamp_seconds", node, s.ts)
 
-    def _gpu(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels) -> None:
+    def _gpu(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels, own: Labels) -> None:
         add = f.add
-        add("nvmon_gpu_lost", lab, int(g.lost))
+        add("nvmon_gpu_lost", own, int(g.lost))
         # Every family the catalog fills straight from a metric's value (None: left out).
-        for (name, divisor), value in zip(_SIMPLE, _SIMPLE_GET(g)):
+        for (name, divisor, nvmon), value in zip(_SIMPLE, _SIMPLE_GET(g)):
             if value is not None:
-                add(name, lab, value if divisor is None else value / divisor)
+                add(name, own if nvmon else lab, value if divisor is None else value / divisor)
         add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lab, None if g.energy_j is None else round(g.energy_j * 1000))
         add("DCGM_FI_DEV_XID_ERRORS", lab, snap.last_xid.get(g.index, 0) if snap.sample.nvml.available else None)
         if g.throttle_reasons is not None and not g.lost:
@@ -282,7 +285,7 @@ class SampleCollector(Collector):
             for name, bit in self._bits:
                 if name in active:  # active reasons only: 9 zeros per GPU would be noise
                     mask |= bit
-                    add("nvmon_gpu_clocks_event_reason", lab.with_("reason", name), 1)
+                    add("nvmon_gpu_clocks_event_reason", own.with_("reason", name), 1)
             add("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", lab, mask)
             add("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", lab, mask)
         if g.lost:
@@ -290,13 +293,13 @@ class SampleCollector(Collector):
         f_ = g.fabric
         if f_.health_mask is not None or f_.health_summary:  # the fields the driver reports, 1 = trouble
             for name, on in fabric_flags(f_.health_mask, f_.health_summary).items():
-                add("nvmon_gpu_fabric_health", lab.with_("field", name), int(on))
-        add("nvmon_gpu_nvlink_links", lab, g.nvlink_count if g.nvlink_count is not None else len(g.nvlink) or None)
+                add("nvmon_gpu_fabric_health", own.with_("field", name), int(on))
+        add("nvmon_gpu_nvlink_links", own, g.nvlink_count if g.nvlink_count is not None else len(g.nvlink) or None)
         if not g.nvlink:
             return
-        self._nvlinks(f, snap, g, lab)
+        self._nvlinks(f, snap, g, lab, own)
 
-    def _nvlinks(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels) -> None:
+    def _nvlinks(self, f: _Families, snap: Snapshot, g: GpuSample, lab: Labels, own: Labels) -> None:
         """Per-link series and the per-GPU NVLink sums: the hot loop (8 GPUs × 18 links, half the
         page). Per link a shorter label set: join on UUID for the rest.
 
@@ -326,8 +329,8 @@ class SampleCollector(Collector):
             tx_s.extend(map(_new_sample, _REPEAT_SAMPLE, zip(_REPEAT_TX, lls, map(int, totals.tx), *_pads())))
             rx_s.extend(map(_new_sample, _REPEAT_SAMPLE, zip(_REPEAT_RX, lls, map(int, totals.rx), *_pads())))
         add = f.add
-        add("nvmon_gpu_nvlink_active_links", lab, prev.active)
-        add("nvmon_gpu_nvlink_min_speed_bytes_per_second", lab, prev.min_speed)
+        add("nvmon_gpu_nvlink_active_links", own, prev.active)
+        add("nvmon_gpu_nvlink_min_speed_bytes_per_second", own, prev.min_speed)
         tx, rx = _known_sum(map(_TX_RATE, links)), _known_sum(map(_RX_RATE, links))
         add("DCGM_FI_PROF_NVLINK_TX_BYTES", lab, tx)
         add("DCGM_FI_PROF_NVLINK_RX_BYTES", lab, rx)
@@ -420,6 +423,11 @@ class SampleCollector(Collector):
         f.add("nvmon_exporter_renders_total", node, self.renders)
         f.add("nvmon_exporter_render_cpu_seconds_total", node,
               self.render_cpu_seconds + self.compress_cpu_seconds)
+
+
+def nvmon_label_pairs(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The GPU labels of nvmon's own families: dcgm-exporter's with snake_case names (`model_name`)."""
+    return tuple((NVMON_LABEL_NAMES.get(k, k), v) for k, v in pairs)
 
 
 def gpu_label_pairs(g: GpuSample, hostname: str) -> tuple[tuple[str, str], ...]:
