@@ -103,7 +103,8 @@ def healthy_sample(
                     "mem_clock_hz": 2_619_000_000, "mem_clock_max_hz": 2_619_000_000,
                     "fb_used_bytes": (70_000 if busy else 4) * 2**20,
                     "fb_free_bytes": (81_559 - 531 - (70_000 if busy else 4)) * 2**20,
-                    "fb_total_bytes": 81_559 * 2**20, "memory_temperature_c": 69.0 if busy else 38.0},
+                    "fb_total_bytes": 81_559 * 2**20, "memory_temperature_c": 69.0 if busy else 38.0,
+                    "mem_copy_util_pct": 47 if busy else 0},
         )
         for i in range(n_gpus)
     )

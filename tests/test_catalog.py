@@ -265,3 +265,56 @@ def test_views_show_values_in_their_units_display_form():
     assert catalog.show("B/s", 5e9) == "5.0 GB/s"
     assert catalog.show("%", 49.0) == "49 %" and catalog.show("%", 49.5) == "49.5 %"
     assert catalog.show("", 3) == "3" and catalog.display_unit("W") == ("W", 1.0, None)
+
+
+def test_memory_copy_utilization_end_to_end(tmp_path):
+    """mem_copy_util_pct is declared in the catalog and given a simulated value (nvmon.sim.values), and
+    nothing else: it rides on the collector's utilization call (still 3 NVML calls per GPU per tick)
+    and reaches the Sample, the store, its minute rollups, nvmon history and /metrics."""
+    import json
+
+    from click.testing import CliRunner
+
+    from nvmon.cli.history import history_command
+    from nvmon.collect.node import NodeSampler
+    from nvmon.export.prometheus import PrometheusExporter
+    from nvmon.model import sample_to_dict
+    from nvmon.sim.node import SimNode
+    from nvmon.store.store import Store
+
+    t = [1_700_000_000.0]
+    node = SimNode("hgx-h100,notsup=utilization:5", clock=lambda: t[0])
+    db = tmp_path / "n.db"
+    try:
+        sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync,
+                              clock=lambda: t[0])
+        sampler.open()
+        with Store(db) as store:
+            for _ in range(3):  # a tick that reads utilization (the probe's is the first)
+                s = sampler.sample()
+                store.write(s)
+                t[0] += 1
+            calls = sampler.nvml.calls[0]
+            for _ in range(120):
+                s = sampler.sample()
+                store.write(s)
+                t[0] += 1
+            assert (sampler.nvml.calls[0] - calls) / 120 / 8 <= 3.0  # (GPU 5 skips its utilization turns)
+            store.maintain(t[0] + 60)
+        sampler.close()
+    finally:
+        node.close()
+    util = [g.utilization_pct for g in s.gpus]
+    assert [g.values["mem_copy_util_pct"] for g in s.gpus] == [None if u is None else int(u) // 2 for u in util]
+    assert s.gpus[5].values["mem_copy_util_pct"] is None and s.nvml.capabilities["unsupported"]["utilization"] == [5]
+    assert sample_to_dict(s)["gpus"][0]["mem_copy_util_pct"] == int(util[0]) // 2
+    ex = PrometheusExporter("127.0.0.1:0")
+    ex.update(s)
+    page = ex.page()[0].decode()
+    assert f'DCGM_FI_DEV_MEM_COPY_UTIL{{gpu="0",' in page and "# TYPE DCGM_FI_DEV_MEM_COPY_UTIL gauge" in page
+    args = ["--db", str(db), "--since", str(t[0] - 200), "--until", str(t[0]), "-m", "mem_copy_util_pct",
+            "--gpu", "0", "--json"]
+    raw = json.loads(CliRunner().invoke(history_command, args + ["--source", "raw"]).output)["gpu"]
+    assert raw[-1]["mem_copy_util_pct"] == int(util[0]) // 2
+    minutes = json.loads(CliRunner().invoke(history_command, args + ["--source", "rollup"]).output)["gpu"]
+    assert minutes and {"mem_copy_util_pct_min", "mem_copy_util_pct_avg", "mem_copy_util_pct_max"} <= set(minutes[0])

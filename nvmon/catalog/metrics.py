@@ -289,6 +289,14 @@ METRICS: tuple[Metric, ...] = (
            "memory_temperature_c", rollup=R.MIN_AVG_MAX, label="mem temp", fmt="c", wire="mt", wire_digits=0,
            wire_range=(-100, 300), prom=Prom("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C)."),
            nvml=Nvml("memory_temp", field="NVML_FI_DEV_MEMORY_TEMP")),
+    # nvmlDeviceGetUtilizationRates' `memory` member: the share of the last sample period in which
+    # device memory was read or written. It rides on the collector's utilization call (no extra one).
+    # Not on the wire yet: `wire="mu", wire_digits=0, wire_range=(0, 100)` would send it (and show it
+    # on the TUI node screen) for ~30 bytes a tick, which the 2 KB sample budget has no room for.
+    Metric("mem_copy_util_pct", "%", Kind.GAUGE, G, "memory copy utilization (device memory read or written)", V,
+           "mem_copy_util_pct", encode=E.WHOLE, rollup=R.MIN_AVG_MAX, label="mem util",
+           prom=Prom("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %)."),
+           nvml=Nvml("utilization", ("nvmlDeviceGetUtilizationRates",), attr="memory")),
     Metric("pcie_replay_errors", "count", Kind.COUNTER, G, "PCIe replays since driver load",
            "pcie.replay_errors", history=False),
     # The NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, read every 5 ticks; None: no fabric): state,

@@ -67,6 +67,8 @@ VALUES: dict[str, SimValue] = {
     "fb_free_bytes": SimValue(lambda b, g, t: (b.profile.fb_total_mib - FB_RESERVED_MIB - fb_used_mib(b, g, t)) * MIB),
     "fb_total_bytes": SimValue(lambda b, g, t: b.profile.fb_total_mib * MIB),
     "memory_temperature_c": SimValue(memory_temperature_c, notsup="memory_temperature"),
+    # half the GPU's utilization: the memory controller is busy in all-reduce bursts, less in compute
+    "mem_copy_util_pct": SimValue(lambda b, g, t: b.utilization(g, t) // 2),
 }
 
 # getter name → (structure member, metric name) of the catalog metrics read from its result
