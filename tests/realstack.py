@@ -115,7 +115,8 @@ class Alertmanager(_Process):
             f"global:\n  resolve_timeout: {resolve_timeout}\n"
             "route:\n  receiver: hook\n  group_by: [cluster, node]\n  group_wait: 1s\n  group_interval: 1s\n"
             "  repeat_interval: 1h\n"
-            f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {webhook_url}\n        send_resolved: true\n")
+            f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {webhook_url}\n"
+            "        send_resolved: true\n")
         self._start([binary, f"--config.file={config}", f"--storage.path={self.dir / 'data'}",
                      f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=",
                      "--log.level=info"], self.dir / "alertmanager.log", f"{self.url}/-/ready")

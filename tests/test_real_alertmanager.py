@@ -35,8 +35,10 @@ def nvmon(*args: str) -> subprocess.CompletedProcess:
 def test_hooks_test_passes_against_a_real_alertmanager(tmp_path, receiver):
     with Alertmanager(tmp_path, receiver.url("/am")) as am:
         cfg = tmp_path / "nvmon.toml"
-        cfg.write_text(f'[node]\nname = "gpu-07"\ncluster = "c1"\n[[hooks]]\nname = "am"\ntype = "alertmanager"\nurls = ["{am.url}"]\n'
-                       f'[[hooks]]\nname = "firing-only"\ntype = "alertmanager"\nurls = ["{am.url}"]\non = ["firing"]\n')
+        cfg.write_text(f'[node]\nname = "gpu-07"\ncluster = "c1"\n'
+                       f'[[hooks]]\nname = "am"\ntype = "alertmanager"\nurls = ["{am.url}"]\n'
+                       f'[[hooks]]\nname = "firing-only"\ntype = "alertmanager"\nurls = ["{am.url}"]\n'
+                       'on = ["firing"]\n')
         r = nvmon("hooks", "test", "--config", str(cfg), "--hook", "am")
         assert r.returncode == 0, r.stdout + r.stderr
         assert r.stdout.split()[:2] == ["am", "alertmanager"]

@@ -28,7 +28,7 @@ from nvmon.alerts.model import AlertRecord, iso
 ALERTMANAGER_ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt while an alert is firing
 MAX_GROUP_ALERTS = 200  # an Alertmanager batch beyond this is cut (truncatedAlerts says by how many)
 ALERTMANAGER_BATCH = 64  # alerts per POST /api/v2/alerts (Prometheus' notifier sends at most 64)
-_AM_LABEL = re.compile(r"[^A-Za-z0-9_]")  # Alertmanager refuses a batch with a label name outside [A-Za-z_][A-Za-z0-9_]*
+_AM_LABEL = re.compile(r"[^A-Za-z0-9_]")  # Alertmanager refuses a batch with any other label name character
 SLACK_MAX_ATTACHMENTS = 20
 PD_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}  # PD also has "error"
 SLACK_COLOR = {"critical": "#d00000", "warning": "#daa038", "info": "#439fe0", "resolved": "#2eb886"}
