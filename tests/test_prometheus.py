@@ -419,24 +419,154 @@ def test_bind_errors_are_one_line():
         MetricsServer("192.0.2.1:9400", lambda gz: None, content_type="text/plain").start()
 
 
-def test_silent_and_slow_clients_are_dropped_and_others_served():
+def raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send `data` on a fresh connection and read until the server closes it (or `timeout`)."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(data)
+        s.settimeout(timeout)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+
+@pytest.fixture
+def tiny():
+    """A server on a short leash: 4 connections, 0.5 s idle, 0.5 s for headers, 1 s to read an answer."""
     server = MetricsServer(f"127.0.0.1:{free_port()}", lambda gz: (b"ok\n", False), content_type="text/plain",
-                           timeout_s=0.5, max_connections=4)
+                           idle_s=0.5, header_s=0.5, write_s=1.0, max_connections=4, max_header_bytes=4096,
+                           max_header_lines=20)
+    server.start()
+    yield server
+    server.stop()
+
+
+def closed(s: socket.socket, within: float) -> bool:
+    """Did the server close `s` (EOF or reset) within `within` seconds, without answering?"""
+    s.settimeout(within)
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_full_server_sheds_its_longest_waiting_connection_instead_of_refusing(tiny):
+    silent = [socket.create_connection(("127.0.0.1", tiny.port)) for _ in range(3)]
+    time.sleep(0.05)
+    partial = socket.create_connection(("127.0.0.1", tiny.port))
+    partial.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+    time.sleep(0.05)
+    assert tiny.connections == 4
+    assert http(tiny.port)[2] == b"ok\n"  # the 5th: served; the oldest waiting one made room
+    assert closed(silent[0], 0.2) and tiny.shed == 1
+    for s in silent[1:] + [partial]:
+        assert closed(s, 2.0)  # past idle_s / header_s: gone, without an answer
+        s.close()
+    silent[0].close()
+    assert tiny.header_timeouts == 1 and tiny.connections == 0
+
+
+def test_slowloris_is_cut_at_the_header_deadline_though_bytes_keep_coming(tiny):
+    s = socket.create_connection(("127.0.0.1", tiny.port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    t0 = time.monotonic()
+    s.settimeout(0.1)
+    gone = False
+    while time.monotonic() - t0 < 3:  # a byte every 0.1 s: each receive is quick, the request never ends
+        try:
+            s.sendall(b"a")
+            if s.recv(100) == b"":
+                gone = True
+                break
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, BrokenPipeError):
+            gone = True
+            break
+    s.close()
+    assert gone and 0.4 < time.monotonic() - t0 < 1.5 and tiny.header_timeouts == 1
+
+
+def test_oversized_headers_get_431_and_are_not_kept(tiny):
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+    long_line = raw(tiny.port, head + b"X-Big: " + b"a" * 65536 + b"\r\n\r\n")
+    assert long_line.startswith(b"HTTP/1.1 431 ") and b"Connection: close" in long_line
+    many = raw(tiny.port, head + b"".join(b"X-%d: 1\r\n" % i for i in range(25)) + b"\r\n")
+    assert many.startswith(b"HTTP/1.1 431 ")
+    assert raw(tiny.port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    ok = raw(tiny.port, head + b"".join(b"X-%d: 1\r\n" % i for i in range(15)) + b"Connection: close\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200 ") and ok.endswith(b"\r\n\r\nok\n")
+    assert tiny.bad_requests == 3 and tiny.connections == 0
+
+
+def test_keep_alive_pipelining_http10_and_unread_answers(tiny):
+    req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    two = raw(tiny.port, req + req.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert two.count(b"HTTP/1.1 200 ") == 2 and two.endswith(b"ok\n")  # both answered, in order, then closed
+    assert raw(tiny.port, b"GET /metrics HTTP/1.0\r\n\r\n").endswith(b"\r\n\r\nok\n")  # 1.0: closed after
+    head = raw(tiny.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert b"Content-Length: 3" in head and head.endswith(b"\r\n\r\n")
+    post = raw(tiny.port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+    assert post.startswith(b"HTTP/1.1 501 ")
+    with socket.create_connection(("127.0.0.1", tiny.port)) as kept:  # keep-alive: one connection, 3 answers
+        kept.settimeout(5)
+        for _ in range(3):
+            kept.sendall(req)
+            got = b""
+            while not got.endswith(b"ok\n"):
+                got += kept.recv(1000)
+            assert got.startswith(b"HTTP/1.1 200 ")
+    # A client that asks and never reads: the answers pile up in the kernel, then it is cut at write_s.
+    server = MetricsServer(f"127.0.0.1:{free_port()}", lambda gz: (b"x" * 2**20, False), content_type="text/plain",
+                           write_s=0.5)
     server.start()
     try:
-        silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
-        partial = socket.create_connection(("127.0.0.1", server.port))
-        partial.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
-        over = socket.create_connection(("127.0.0.1", server.port))  # 5th: past max_connections
-        over.settimeout(5)
-        assert over.recv(100) == b""  # closed at once
-        time.sleep(1.0)  # past timeout_s: the silent ones are gone
-        for s in silent + [partial]:
-            s.settimeout(5)
-            assert s.recv(100) == b""  # closed, without an answer to a request never completed
-            s.close()
-        assert http(server.port)[2] == b"ok\n"
-        assert server.rejected == 1
+        greedy = socket.create_connection(("127.0.0.1", server.port))
+        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        greedy.sendall(req * 20)
+        time.sleep(1.5)
+        assert server.write_timeouts == 1 and server.connections == 0
+        assert http(server.port)[0] == 200
+        greedy.close()
+    finally:
+        server.stop()
+
+
+def test_gzip_for_remote_clients(monkeypatch):
+    import nvmon.export.server as server_mod
+
+    monkeypatch.setattr(server_mod, "_is_loopback", lambda host: False)  # as if Prometheus were elsewhere
+    ex = PrometheusExporter(f"127.0.0.1:{free_port()}")
+    ex.start()
+    try:
+        ex.update(healthy_sample())
+        status, headers, body = http(ex.server.port, headers={"Accept-Encoding": "gzip"})
+        assert status == 200 and headers["Content-Encoding"] == "gzip"
+        assert int(headers["Content-Length"]) == len(body)
+        assert gzip.decompress(body) == http(ex.server.port)[2]  # and plain when not asked for
+    finally:
+        ex.stop()
+
+
+def test_a_rendering_bug_is_a_500_and_serving_goes_on():
+    calls = []
+
+    def page(gz):
+        calls.append(gz)
+        if len(calls) == 1:
+            raise RuntimeError("bug")
+        return b"ok\n", False
+
+    server = MetricsServer(f"127.0.0.1:{free_port()}", page, content_type="text/plain")
+    server.start()
+    try:
+        assert http(server.port)[0] == 500 and http(server.port)[2] == b"ok\n"
+        assert server.render_errors == 1
     finally:
         server.stop()
 

@@ -231,7 +231,7 @@ def test_example_config_loads_with_the_daemons_loader(tmp_path):
     full = load_config(everything)
     assert full.expect.gpus == 8 and full.sampling.sim == "hgx-h100"
     assert str(full.mqtt.password_file) == "/etc/nvmon/mqtt.password"
-    assert plain.prometheus.listen is None and full.prometheus.listen == "0.0.0.0:9400"
+    assert plain.prometheus.listen is None and full.prometheus.listen == "10.20.0.17:9400"
     assert not plain.hooks and [h.type for h in full.hooks] == ["exec", "pagerduty", "slack"]
     assert full.alerts.rules["pcie.gen"].for_s == 300 and full.alerts.for_s == plain.alerts.for_s == 30
 
