@@ -26,6 +26,10 @@ CALLS: dict[str, tuple[Metric, ...]] = {
     for call in dict.fromkeys(m.nvml.call for m in GPU_NVML if not m.nvml.field)}
 ONCE = tuple(call for call, ms in CALLS.items() if ms[0].nvml.once)
 VALUE_NAMES = tuple(m.name for m in GPU_VALUES)  # GpuSample.values' keys, in catalog order
+# What the hot path needs of each metric, looked up once: (name, structure member, scale) per call,
+# and (name, batch key, scale) per field id.
+_TAKE = {call: tuple((m.name, m.nvml.attr, m.nvml.scale) for m in ms) for call, ms in CALLS.items()}
+_FIELD_TAKE = tuple((m.name, m.nvml.call, m.nvml.scale) for m in FIELDS)
 
 
 def rotation(calls: dict[str, tuple[Metric, ...]], own: tuple[str, ...]) -> tuple[str, ...]:
@@ -84,24 +88,23 @@ class CatalogReader:
     def take(g: _Gpu, call: str, value) -> None:
         """Keep in `g.last` what `value`, the answer to `call`, says of each of its metrics."""
         last = g.last
-        for m in CALLS[call]:
-            src = m.nvml
-            if isinstance(value, NoValue):
-                last[m.name] = None
-                continue
-            v = getattr(value, src.attr) if src.attr else value
-            last[m.name] = v if src.scale == 1 else v * src.scale
+        if isinstance(value, NoValue):
+            for name, _, _ in _TAKE[call]:
+                last[name] = None
+            return
+        for name, attr, scale in _TAKE[call]:
+            v = getattr(value, attr) if attr else value
+            last[name] = v if scale == 1 else v * scale
 
     @staticmethod
     def take_fields(g: _Gpu, value) -> None:
         """Keep the field-id metrics' answers of this tick's batch; `value(key)`: an entry's value."""
         last = g.last
-        for m in FIELDS:
-            v = value(m.nvml.call)
-            last[m.name] = v if v is None or m.nvml.scale == 1 else v * m.nvml.scale
+        for name, key, scale in _FIELD_TAKE:
+            v = value(key)
+            last[name] = v if v is None or scale == 1 else v * scale
 
     @staticmethod
     def values(g: _Gpu) -> dict:
         """The GPU's `GpuSample.values`, every key in catalog order (None: not read)."""
-        last = g.last
-        return {name: last.get(name) for name in VALUE_NAMES}
+        return dict(zip(VALUE_NAMES, map(g.last.get, VALUE_NAMES)))
