@@ -411,7 +411,16 @@ def getter(metrics: Sequence[Metric]) -> Callable[[Any], tuple]:
     at_attr, at_key = iter(range(len(attrs))), iter(range(len(attrs), len(metrics)))
     order = [next(at_key) if m.in_values else next(at_attr) for m in metrics]
     pick = itemgetter(*order) if len(order) > 1 else (lambda t, i=order[0]: (t[i],))
-    return lambda obj: pick(get_attrs(obj) + tuple(map(obj.values.get, keys)))
+    get_keys = itemgetter(*keys) if len(keys) > 1 else (lambda d, k=keys[0]: (d[k],))
+
+    def get(obj) -> tuple:
+        values = obj.values
+        try:
+            found = get_keys(values)
+        except KeyError:  # a GpuSample built without some of them (the collector's has every key)
+            found = tuple(map(values.get, keys))
+        return pick(get_attrs(obj) + found)
+    return get
 
 
 # How views print a value of a unit (`Metric.unit`): (unit shown, divisor, decimals). Values stay in
