@@ -254,7 +254,9 @@ async def test_readonly_then_full_filesystem_errors_and_recovers(tmp_path):
                     stored = len(tick_times(d.db))
                     filler.unlink()
                     await wait_until(lambda: len(tick_times(d.db)) > stored + 5, 60, "storing again")
-                    assert d.log_text().count("writable again") == 2
+                    # Twice at least: a full disk may still take some ticks between errors, as the
+                    # WAL's space (1 MiB, nvmon/store/store.py) is reused after each checkpoint.
+                    assert d.log_text().count("writable again") >= 2
                     assert d.alive()
                 finally:
                     subprocess.run(["mount", "-o", "remount,rw", str(mnt)], capture_output=True)

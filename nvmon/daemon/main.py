@@ -113,7 +113,7 @@ class Daemon:
         st = self.cfg.store
         return Store(st.path, raw_retention_s=st.raw_retention_h * 3600,
                      rollup_retention_s=st.rollup_retention_d * 86400,
-                     alert_retention_s=self.cfg.alerts.keep_resolved_d * 86400)
+                     alert_retention_s=self.cfg.alerts.keep_resolved_d * 86400, owner=True)
 
     def _make_publisher(self):
         m = self.cfg.mqtt
@@ -149,7 +149,9 @@ class Daemon:
         return DaemonHealth(
             ticks=st.ticks, missed_ticks=st.missed_ticks, sample_errors=st.sample_errors,
             sample_seconds=st.sample_seconds, sample_seconds_total=st.sample_seconds_total,
-            stored=w.stored if w else 0, store_errors=w.errors if w else 0, store_dropped=w.dropped if w else 0,
+            # a database found deleted, replaced or corrupt (and started anew) counts as a store error
+            stored=w.stored if w else 0, store_errors=(w.errors + self.store.resets) if w else 0,
+            store_dropped=w.dropped if w else 0,
             wire_dropped=st.wire_dropped,
             mqtt_connected=None if pub is None else pub.connected,
             mqtt_published=pub.published if pub else 0, mqtt_errors=pub.errors if pub else 0,
@@ -291,7 +293,10 @@ class Daemon:
                 loop.add_signal_handler(sig, self.request_stop)
             except (NotImplementedError, RuntimeError):  # not the main thread (tests)
                 pass
-        # The endpoint first: a taken port must fail the start at once, in one line.
+        # One daemon per database file, and the endpoint: a second daemon on the same file, or a
+        # taken port, must fail the start at once, in one line.
+        self.store = self._make_store()
+        await asyncio.to_thread(self._lock_store)
         self.exporter = self._make_exporter()
         if self.exporter is not None:
             from nvmon.export.server import ListenError
@@ -299,6 +304,7 @@ class Daemon:
             try:
                 self.exporter.start()
             except ListenError as e:
+                self.store.close()  # releases the lock: an embedding program may try again
                 raise ConfigError(f"prometheus.listen {e}") from None
         try:
             return await self._run()
@@ -306,12 +312,23 @@ class Daemon:
             if self.exporter is not None:
                 self.exporter.stop()
 
+    def _lock_store(self) -> None:
+        from nvmon.store import StoreError
+        from nvmon.store.guard import LOCKED
+
+        try:
+            self.store.lock()
+        except StoreError as e:
+            if e.code == LOCKED:
+                raise ConfigError(str(e)) from None
+            # e.g. a read-only disk: sample and publish anyway; the writer retries (and says why)
+            log.debug("store: %s", e)
+
     async def _run(self) -> int:
         self.sampler = await asyncio.to_thread(self._make_sampler)  # a SimNode takes ~0.1 s to build
         status = await asyncio.to_thread(self.sampler.open)
         if not status.available:
             log.warning("NVML unavailable: %s; sampling InfiniBand/PCIe/host only", status.error)
-        self.store = self._make_store()
         self.writer = StoreWriter(self.store, backlog=STORE_BACKLOG, maintain_every_s=MAINTAIN_EVERY_S,
                                   name=f"nvmon-store-{self.node}")
         self.publisher = self._make_publisher()

@@ -8,6 +8,13 @@ FULL would fsync every tick: a second of history is not worth that wear on a nod
 
 Threading: the daemon calls the store through `asyncio.to_thread`, so calls come from changing
 threads; the connection allows that and a lock keeps calls one at a time.
+
+The daemon's store is the file's owner (`owner=True`, nvmon/store/guard.py): it holds `<db>.lock`, so
+a second daemon on the same file refuses to start; before every call it checks that the file at the
+path is still the one it has open (one stat), and starts a new database when it was deleted (or
+follows the new file when it was replaced); a file SQLite calls corrupt (SQLITE_CORRUPT,
+SQLITE_NOTADB) is moved aside as `<name>.corrupt-<time>` and a fresh one started, and the call
+that met it is run again there. Each of these is logged once and counted in `resets`.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlite_utils
 
 from nvmon.model import Sample
-from nvmon.store import codec, rollup
+from nvmon.store import codec, guard, rollup
 from nvmon.store.errors import RECONNECT_ON, StoreError, describe, error_name
 from nvmon.store.schema import SchemaError, migrate
 
@@ -36,7 +43,13 @@ T = TypeVar("T")
 
 PAGE_SIZE = 8192  # 4, 8 and 16 KiB measured the same size; 8 KiB reads a time range in fewer pages
 MIN_SQLITE = (3, 37)  # STRICT tables. JSON functions: built in from 3.38, compiled in by distros before
-WAL_LIMIT_BYTES = 64 * 2**20  # the WAL is truncated back to this after a checkpoint
+# The WAL: checkpointed into the database once it holds WAL_CHECKPOINT_PAGES (1 MiB; SQLite's
+# default, 1000 pages, let it reach 8 MiB first) and truncated back to WAL_LIMIT_BYTES after a
+# checkpoint that a bigger transaction (a maintenance backlog) or a long reader made it outgrow.
+WAL_CHECKPOINT_PAGES = 128
+WAL_LIMIT_BYTES = 2 * 2**20
+MAX_SET_ASIDES = 3  # corrupt again after this many fresh databases: the disk, not the file; stop moving
+CORRUPT = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 # Column lists from the codec (the GPU row's from the catalog): a column is never counted by hand.
 _INSERT_TICK = codec.insert_sql("ticks", codec.TICK_COLUMNS)
@@ -54,8 +67,17 @@ class Store:
     """
 
     def __init__(self, path: str | Path, *, raw_retention_s: float = 48 * 3600,
-                 rollup_retention_s: float = 90 * 86400, alert_retention_s: float = 7 * 86400):
+                 rollup_retention_s: float = 90 * 86400, alert_retention_s: float = 7 * 86400,
+                 owner: bool = False):
+        """`owner`: the daemon's store, which locks the file and recovers it (module docstring);
+        tools that write beside it (`nvmon alerts ack`) are not owners."""
         self.path = Path(path)
+        self.owner = owner
+        self.resets = 0  # owner: times the file was found deleted, replaced or corrupt and started anew
+        self._file_lock = guard.FileLock(self.path) if owner else None
+        self._ident: tuple[int, int] | None = None  # (device, inode) of the open file
+        self._sidecars: tuple = (None, None)  # and of its -wal and -shm
+        self._set_asides = 0
         self.raw_retention_s = float(raw_retention_s)
         self.rollup_retention_s = float(rollup_retention_s)
         self.alert_retention_s = float(alert_retention_s)  # resolved alerts, ended silences
@@ -79,13 +101,22 @@ class Store:
 
     def open(self) -> None:
         """Create or migrate the database and switch it to WAL. Raises StoreError (one line)."""
+        self._call(lambda conn: None)
+
+    def lock(self) -> None:
+        """Owner: take `<db>.lock` now, so that a second daemon fails at its start. Raises
+        StoreError (code guard.LOCKED when another process holds it)."""
         with self._lock:
-            self._connect()
+            if self._file_lock is not None:
+                self._file_lock.acquire()
 
     def close(self) -> None:
-        """Close the connection (checkpointing the WAL); the store may be opened again."""
+        """Close the connection (checkpointing the WAL) and release the lock; the store may be
+        opened again."""
         with self._lock:
             self._disconnect()
+            if self._file_lock is not None:
+                self._file_lock.release()
 
     def __enter__(self) -> Store:
         self.open()
@@ -96,11 +127,15 @@ class Store:
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
-            return self._conn
+            if not self.owner or guard.identity(self.path) == self._ident:
+                return self._conn
+            self._file_gone()
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise StoreError(f"database {self.path}: SQLite {sqlite3.sqlite_version} is too old; nvmon needs "
                              f"{'.'.join(map(str, MIN_SQLITE))} or newer (STRICT tables, JSON functions)")
         _check_writable(self.path)
+        if self._file_lock is not None:
+            self._file_lock.acquire()  # again, if its file was deleted too
         conn = None
         try:
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE below), never implicit.
@@ -115,6 +150,7 @@ class Store:
                 raise StoreError(f"database {self.path}: cannot switch to WAL mode (journal_mode={db.journal_mode})")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
             self.schema_version = migrate(conn)
             # Take the write lock once, so that another writer holding it (a second daemon on the
             # same file) shows now, as SQLITE_BUSY after the timeout, rather than at the first tick.
@@ -132,12 +168,66 @@ class Store:
                 raise describe(self.path, exc) from None
             raise
         self._conn, self._db = conn, db
+        self._ident, self._sidecars = guard.identity(self.path), guard.sidecars(self.path)
         return conn
+
+    def _file_gone(self) -> None:
+        """Owner: the file at the path is not the one open (deleted, or another put there)."""
+        now, ours = guard.identity(self.path), self._sidecars
+        self._disconnect()
+        guard.remove_sidecars(self.path, ours)
+        self.resets += 1
+        if now is None:
+            log.error("database %s was deleted while in use: the history it held is gone; starting a new "
+                      "database there now (no tick from here on is lost)", self.path)
+        else:
+            log.error("database %s was replaced by another file while in use; writing to that file from now on",
+                      self.path)
+
+    def _set_aside(self, err: StoreError) -> bool:
+        """Owner: move a corrupt file aside and start anew (True), at most MAX_SET_ASIDES times."""
+        if not self.owner or not (err.code or "").startswith(CORRUPT):
+            return False
+        self._set_asides += 1
+        if self._set_asides > MAX_SET_ASIDES:
+            if self._set_asides == MAX_SET_ASIDES + 1:
+                log.error("database %s: corrupt again after %d fresh starts: the disk or file system is suspect; "
+                          "leaving it in place, writes keep failing (%s)", self.path, MAX_SET_ASIDES, err.code)
+            return False
+        self._disconnect()
+        try:
+            target = guard.set_aside(self.path)
+        except OSError as e:
+            log.error("database %s is corrupt (%s) and could not be moved aside: %s", self.path, err.code,
+                      e.strerror or e)
+            return False
+        self.resets += 1
+        log.error("database %s is corrupt (%s): moved aside to %s (with its -wal/-shm; `sqlite3 %s .recover` "
+                  "may save some of its history); starting a new database", self.path, err.code, target.name,
+                  target.name)
+        return True
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(conn)` with the store's lock, reconnecting and error handling; for an owner, once
+        more on a fresh file after a corrupt one was set aside. Raises StoreError (one line)."""
+        with self._lock:
+            retried = False
+            while True:
+                try:
+                    return fn(self._connect())
+                except BaseException as exc:
+                    err = self._fail(exc)
+                    if err is None:
+                        raise
+                    if not retried and self._set_aside(err):
+                        retried = True
+                        continue
+                    raise err from None
 
     def _disconnect(self) -> None:
         if self._conn is not None:
             _close_quietly(self._conn)
-        self._conn = self._db = None
+        self._conn = self._db = self._ident = None
         self._data_version = None  # a new connection counts from its own start
 
     def _load_caches(self, conn: sqlite3.Connection) -> None:
@@ -185,27 +275,22 @@ class Store:
         A sample that cannot be read as one is skipped and counted in `skipped`, not fatal: one
         bad sample must not cost the good ones around it.
         """
-        if not samples:
-            return
-        with self._lock:
-            try:
-                conn = self._connect()
-                conn.execute("BEGIN IMMEDIATE")
-                facts, ports, seen = self._write_samples(conn, samples)
-                conn.execute("COMMIT")
-                version = conn.execute("PRAGMA data_version").fetchone()[0]
-                if version != self._data_version:
-                    self._data_version, self.others_wrote = version, True
-            except BaseException as exc:
-                if err := self._fail(exc):
-                    raise err from None
-                raise
-            # Caches change only once the transaction holding their rows has committed.
-            for key, (sig, text) in facts.items():
-                self._sigs[key], self._facts[key] = sig, text
-            self._ports.update(ports)
-            if seen is not _NONE_CHECKED:
-                self._seen = seen
+        if samples:
+            self._call(lambda conn: self._write_committed(conn, samples))
+
+    def _write_committed(self, conn: sqlite3.Connection, samples: Sequence[Sample]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        facts, ports, seen = self._write_samples(conn, samples)
+        conn.execute("COMMIT")
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._data_version, self.others_wrote = version, True
+        # Caches change only once the transaction holding their rows has committed.
+        for key, (sig, text) in facts.items():
+            self._sigs[key], self._facts[key] = sig, text
+        self._ports.update(ports)
+        if seen is not _NONE_CHECKED:
+            self._seen = seen
 
     def _write_samples(self, conn: sqlite3.Connection, samples: Sequence[Sample]):
         pending_facts: dict[tuple[str, str], tuple[tuple, str]] = {}
@@ -305,18 +390,14 @@ class Store:
         `now` is the caller's clock, not the newest sample's, so one bad timestamp cannot make the
         store prune real history. Returns counts of rows rolled up and pruned.
         """
-        with self._lock:
-            try:
-                conn = self._connect()
-                conn.execute("BEGIN IMMEDIATE")
-                stats = self._maintain(conn, float(now))
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if err := self._fail(exc):
-                    raise err from None
-                raise
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            conn.execute("BEGIN IMMEDIATE")
+            stats = self._maintain(conn, float(now))
+            conn.execute("COMMIT")
             rollup.reclaim_space(conn)
             return stats
+
+        return self._call(run)
 
     def _maintain(self, conn: sqlite3.Connection, now: float) -> dict[str, int]:
         now_ms = int(now * 1000)
@@ -344,17 +425,13 @@ class Store:
     def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(conn)` in one write transaction, with the store's lock and error handling.
         Raises StoreError (one line)."""
-        with self._lock:
-            try:
-                conn = self._connect()
-                conn.execute("BEGIN IMMEDIATE")
-                out = fn(conn)
-                conn.execute("COMMIT")
-                return out
-            except BaseException as exc:
-                if err := self._fail(exc):
-                    raise err from None
-                raise
+        def run(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            out = fn(conn)
+            conn.execute("COMMIT")
+            return out
+
+        return self._call(run)
 
     def save_alerts(self, records: Sequence[AlertRecord], now: float) -> None:
         """Persist alert episodes (engine transitions and counts) in one transaction."""
@@ -380,14 +457,7 @@ class Store:
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         """Rows of a read query as dicts (tests, tools). Raises StoreError."""
-        with self._lock:
-            try:
-                self._connect()
-                return list(self._db.query(sql, params))
-            except BaseException as exc:
-                if err := self._fail(exc):
-                    raise err from None
-                raise
+        return self._call(lambda conn: list(self._db.query(sql, params)))
 
 
 def _check_writable(path: Path) -> None:
