@@ -483,3 +483,37 @@ def test_ib_eth_and_notsup_end_at_the_driver_and_sysfs_level():
         nv.nvmlShutdown()
     finally:
         node.close()
+
+
+def test_the_enforced_power_limit_is_read_every_tick_so_a_cap_ends_at_once():
+    """Issue 12: with the limit re-read every 20 ticks, power.cap resolved ~17 s after a cap
+    ended, saying 'power-capped at 574 W of 350 W'. The field-value batch now carries it."""
+    from nvmon.alerts.engine import AlertEngine
+    from nvmon.alerts.rules import NodeRules
+    from nvmon.alerts.settings import AlertsSettings
+
+    clock = Clock()
+    node, sampler, _ = make("hgx-h100,load=busy,power_cap=4:350@2-8", clock)
+    try:
+        settings = AlertsSettings(for_s=0, startup_grace_s=0)
+        eng = AlertEngine(NodeRules(settings, cluster="c", node="n"), started_at=clock.t, startup_grace_s=0)
+        sampler.sample()
+        seen, calls = [], []
+        for tick in range(1, 16):
+            clock.t += 1
+            before = sampler.nvml.calls[0]
+            s = sampler.sample()
+            calls.append(sampler.nvml.calls[0] - before)
+            seen.append(s.gpus[4].power_limit_w)
+            for tr in eng.evaluate(s, s.ts):
+                if tr.record.code == "power.limit":
+                    seen.append((tick, tr.record.status))
+        limits = [v for v in seen if isinstance(v, float)]
+        assert limits[:2] == [700.0, 350.0] and limits[7] == 700.0  # capped from 2 s; back the tick after 8 s
+        assert limits[6] == 350.0
+        events = [e for e in seen if isinstance(e, tuple)]
+        assert events[0] == (2, "firing") and events[1][1] == "resolved"
+        assert events[1][0] <= 8 + 2  # the tick the cap ends + clear_s (2 intervals), not ~17 s later
+        assert max(calls) <= 3 * 8  # still at most 3 NVML calls per GPU per tick
+    finally:
+        node.close()

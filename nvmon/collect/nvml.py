@@ -2,11 +2,12 @@
 
 Cost model (bench/sample_cost.py measures it): static facts — names, UUIDs, limits, PCIe maxima,
 clock maxima, the NVLink map — are read once. Each steady-state tick costs each GPU one
-`nvmlDeviceGetFieldValues` (energy, PCIe bytes and replays, memory temperature, and per link:
-state, speed, TX/RX payload KiB, replay/recovery/CRC counters) plus ONE getter taken in turn from a
-rotation in which throttle reasons and utilization come every 2–3 ticks and temperature, PCIe
-gen/width and the enforced power limit every 20 (they change slowly, and a value not re-read is
-carried over), plus ONE from the catalog's getter rotation of the values NVML has no field id for
+`nvmlDeviceGetFieldValues` (energy, the enforced power limit, PCIe bytes and replays, memory
+temperature, and per link: state, speed, TX/RX payload KiB, replay/recovery/CRC counters) plus ONE
+getter taken in turn from a rotation in which throttle reasons and utilization come every 2–3 ticks
+and temperature and PCIe gen/width every 15 (they change slowly, and a value not re-read is carried
+over; the enforced-limit getter joins them, every 20, only where the limit's field id is missing:
+nvidia-ml-py < 12.535 or a driver without it), plus ONE from the catalog's getter rotation of the values NVML has no field id for
 (`nvml_catalog`: SM clock and framebuffer memory every 2–3 ticks, memory clock every 5), 3 calls
 per GPU per tick in all. The catalog's metrics (`Metric.nvml`) are read with no code here: a field
 id joins the batch, a getter the rotation, or it rides on a call of the first rotation.
@@ -195,6 +196,7 @@ class NvmlCollector:
         req, layout = [], []
         for key, name in (("energy", F.FI_TOTAL_ENERGY), ("pcie_replay", F.FI_PCIE_REPLAY),
                           ("pcie_tx", F.FI_PCIE_TX_BYTES), ("pcie_rx", F.FI_PCIE_RX_BYTES),
+                          ("power_limit_fv", F.FI_POWER_CURRENT_LIMIT),
                           *((m.nvml.call, m.nvml.field) for m in CATALOG_FIELDS)):
             fid = self._field_id(g, name, key)
             if fid is not None:
@@ -306,6 +308,8 @@ class NvmlCollector:
                     g.unsupported.add(key if lk is None else f"nvlink_{key}")
             old = dict(zip(g.layout, zip(*got)))
             self._build_request(g)
+            if "power_limit_fv" not in g.unsupported:  # the batch reads it every tick: its getter's
+                g.last["slow"] = itertools.cycle([w for w in SLOW if w != "power_limit"])  # turn goes to the rest
             gone = (nv.NVML_ERROR_NOT_SUPPORTED, 0, None)
             got = Readings(*(list(col) for col in zip(*(old.get(k, gone) for k in g.layout)))) \
                 if g.layout else Readings([], [], [])
@@ -357,6 +361,8 @@ class NvmlCollector:
             return None if d is None else d * scale * 1e6 / dts[i]
 
         power = rate("energy", 1e-3) if "energy" not in g.unsupported else g.last.get("power")
+        limit_mw = value("power_limit_fv")  # every tick: a cap that ends is seen at once
+        power_limit = limit_mw / 1000 if limit_mw is not None else g.last.get("power_limit")
         pcie = PcieLink(
             gen=g.last.get("pcie_gen"), max_gen=g.max_gen, width=g.last.get("pcie_width"), max_width=g.max_width,
             device_max_gen=g.device_max_gen, tx_bytes_per_s=rate("pcie_tx"), rx_bytes_per_s=rate("pcie_rx"),
@@ -405,7 +411,7 @@ class NvmlCollector:
         self.catalog.take_fields(g, value)
         return GpuSample(
             index=g.index, name=g.name, uuid=g.uuid, serial=g.serial, pci_bus_id=g.bus_id, lost=False,
-            power_w=power, power_limit_w=g.last.get("power_limit"), power_default_limit_w=g.default_limit_w,
+            power_w=power, power_limit_w=power_limit, power_default_limit_w=g.default_limit_w,
             power_max_limit_w=g.max_limit_w, energy_j=None if energy is None else energy / 1000,
             temperature_c=g.last.get("temperature"), utilization_pct=g.last.get("utilization"),
             throttle_reasons=g.last.get("throttle"), pcie=pcie, nvlink=tuple(links),

@@ -18,6 +18,10 @@ FI_LINK_COUNT = "NVML_FI_DEV_NVLINK_LINK_COUNT"  # links present; read before pr
 FI_PCIE_REPLAY = "NVML_FI_DEV_PCIE_REPLAY_COUNTER"
 FI_PCIE_TX_BYTES = "NVML_FI_DEV_PCIE_COUNT_TX_BYTES"  # bytes, cumulative ("can be wrapped")
 FI_PCIE_RX_BYTES = "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"
+# "Limit currently enforced in milliwatts (This includes other limits set elsewhere. E.g.
+# Out-of-band)" (nvml.h); read every tick in the batch, so a cap's end is seen at once (the
+# enforced-limit getter is the fallback, on the slow rotation).
+FI_POWER_CURRENT_LIMIT = "NVML_FI_DEV_POWER_CURRENT_LIMIT"
 
 # Per-link fields: "Link ID needs to be specified in the scopeId field" (nvml.h, THROUGHPUT group).
 FI_LINK_STATE = "NVML_FI_DEV_NVLINK_GET_STATE"  # INACTIVE=0 ACTIVE=1 SLEEP=2 ACTIVE_TRAFFIC_DISABLED=3
@@ -96,6 +100,7 @@ CATALOG_CONSTANTS = tuple(dict.fromkeys(
 # added each, checked against the pynvml.py of each release on PyPI. Every other name is in all.
 ADDED = {
     "nvmlDeviceGetCurrentClocksEventReasons": (12, 535),
+    "NVML_FI_DEV_POWER_CURRENT_LIMIT": (12, 535),
     "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": (12, 555),
     "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": (12, 555),
     "nvmlDeviceGetTemperatureV": (12, 570),

@@ -36,6 +36,7 @@ FI_ERROR_DL_CRC = 163
 FI_GET_SPEED = 164
 FI_GET_STATE = 165
 FI_GET_VERSION = 166
+FI_POWER_CURRENT_LIMIT = 190  # the enforced limit, mW
 FI_PCIE_TX_BYTES = 197
 FI_PCIE_RX_BYTES = 198
 FI_CRC_DATA_PER_LINK = {**{39 + i: i for i in range(6)}, **{102 + i: 6 + i for i in range(6)}}
@@ -59,7 +60,7 @@ _CATALOG_INDEX = {fid: k for k, fid in enumerate(CATALOG)}
 _R_OK, _R_NOTSUP, _R_INVALID, _R_ENERGY, _R_PCIE, _R_STATE, _R_CATALOG = range(7)
 # Slots of a call's values: the GPU's, one per catalog field, then from _V_LINKS on a column per
 # `_LINK` value (link 0 first).
-_V_ZERO, _V_LINK_COUNT, _V_VERSION, _V_REPLAY, _V_ENERGY, _V_PCIE_TX, _V_PCIE_RX, _V_CATALOG = range(8)
+_V_ZERO, _V_LINK_COUNT, _V_VERSION, _V_REPLAY, _V_ENERGY, _V_PCIE_TX, _V_PCIE_RX, _V_POWER_LIMIT, _V_CATALOG = range(9)
 _V_LINKS = _V_CATALOG + len(CATALOG)
 _LINK = ("tx", "rx", *NVLINK_ERR_KEYS, "state", "speed")
 
@@ -82,6 +83,8 @@ def _rule(p: BoardProfile, fid: int, scope: int) -> tuple[int, int, int]:
         return CATALOG[fid][1].value_type, _R_CATALOG + k, _V_CATALOG + k
     if fid == FI_PCIE_REPLAY:
         return VT_UINT, _R_OK, _V_REPLAY
+    if fid == FI_POWER_CURRENT_LIMIT:
+        return VT_UINT, _R_OK, _V_POWER_LIMIT
     if fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
         return VT_ULL, _R_PCIE, _V_PCIE_TX + fid - FI_PCIE_TX_BYTES
     if fid in _PER_LINK:
@@ -115,7 +118,7 @@ class _Plan:
     """One request layout, resolved: which values a call must compute, and where each entry's
     return code and value come from."""
 
-    __slots__ = ("n", "static", "rets", "vals", "energy", "pcie", "links", "state", "catalog")
+    __slots__ = ("n", "static", "rets", "vals", "energy", "pcie", "links", "state", "catalog", "power_limit")
 
     def __init__(self, p: BoardProfile, ids: list[tuple[int, int]]):
         rules = [_rule(p, fid, scope) for fid, scope in ids]
@@ -128,6 +131,7 @@ class _Plan:
         self.pcie = any(r == _R_PCIE for _, r, _ in rules)
         self.state = any(r == _R_STATE for _, r, _ in rules)
         self.catalog = any(r >= _R_CATALOG for _, r, _ in rules)
+        self.power_limit = any(v == _V_POWER_LIMIT for _, _, v in rules)
         self.links = any(v >= _V_LINKS for _, _, v in rules)
 
 
@@ -164,8 +168,10 @@ class FieldValues:
         b = self.board
         rets = [NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS, NVML_SUCCESS,
                 NVML_SUCCESS, *self._catalog_rets]
-        vals = [0, self._link_count, self._version, b.gpus[g].replay_base & _MASK[VT_UINT], 0, 0, 0,
+        vals = [0, self._link_count, self._version, b.gpus[g].replay_base & _MASK[VT_UINT], 0, 0, 0, 0,
                 *self._catalog_vals]
+        if plan.power_limit:
+            vals[_V_POWER_LIMIT] = int(b.power_limit_w(g, t) * 1000) & _MASK[VT_UINT]
         if plan.catalog:  # the catalog's field-id metrics, from their simulated values
             for k, (_, sv) in enumerate(CATALOG.values()):
                 rets[_R_CATALOG + k] = NVML_ERROR_NOT_SUPPORTED if sv.notsup and b.notsup(sv.notsup, g, t) \
