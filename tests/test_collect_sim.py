@@ -488,10 +488,14 @@ def test_ib_eth_and_notsup_end_at_the_driver_and_sysfs_level():
 def test_the_enforced_power_limit_is_read_every_tick_so_a_cap_ends_at_once():
     """Issue 12: with the limit re-read every 20 ticks, power.cap resolved ~17 s after a cap
     ended, saying 'power-capped at 574 W of 350 W'. The field-value batch now carries it."""
+    import pynvml
+
     from nvmon.alerts.engine import AlertEngine
     from nvmon.alerts.rules import NodeRules
     from nvmon.alerts.settings import AlertsSettings
 
+    if not hasattr(pynvml, "NVML_FI_DEV_POWER_CURRENT_LIMIT"):
+        pytest.skip("the installed nvidia-ml-py (< 12.535) has no enforced-limit field: the slow getter reads it")
     clock = Clock()
     node, sampler, _ = make("hgx-h100,load=busy,power_cap=4:350@2-8", clock)
     try:

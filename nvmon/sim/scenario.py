@@ -14,8 +14,8 @@ starts; or in ``@START-END`` (END > START): it holds from START until END, then 
 healthy again. Error counters stop rising at END (they keep their count), traffic resumes on a
 link or port back up, the power wave returns to uncapped. A lost GPU answers again after END.
 xid takes only ``@SECONDS`` (an event, not a state). The collector re-reads some values slowly:
-PCIe gen/width, temperature and power limit every 20 ticks, a lost GPU every 30, a port's link
-layer only at startup, and a query once answered Not Supported never again; so keep such a fault
+PCIe gen/width and temperature every 15 ticks (with nvidia-ml-py < 12.535 also the power limit,
+every 20), a lost GPU every 30, a port's link layer only at startup, and a query once answered Not Supported never again; so keep such a fault
 long enough to be seen, and know that ib_eth / notsup getters ending show in sysfs / NVML only.
 Keys (repeatable unless noted):
 
