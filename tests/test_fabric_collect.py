@@ -5,19 +5,17 @@ Healthy boards must read as the real captures in /work/shared/hardware (copied v
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from simboard import sampled
 
 from nvmon.collect import fabric as reader
-from nvmon.collect.node import NodeSampler
 from nvmon.model import FABRIC_STATES, fabric_health
 from nvmon.sim.board import SimBoard
 from nvmon.sim.fakenvml import load_sim_pynvml
-from nvmon.sim.node import SimNode
 from nvmon.sim.scenario import SimSpecError, parse_scenario
 
 CAPTURES = Path("/work/shared/hardware")
@@ -31,29 +29,6 @@ CAPTURED = {
                  "clusterUuid": "00000000-0000-0000-0000-000000000000", "summary": "Healthy",
                  "access_timeout_recovery": "False"},
 }
-
-
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@contextlib.contextmanager
-def sampled(spec: str, *remove: str):
-    clock = Clock()
-    node = SimNode(spec, clock=clock)
-    try:
-        for name in remove:
-            vars(node.nvml).pop(name, None)
-        sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync, clock=clock)
-        assert sampler.open().available
-        yield node, sampler, clock
-        sampler.close()
-    finally:
-        node.close()
 
 
 def _captured(profile: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from mqtt_broker import Broker, make_tls, needs_mosquitto, needs_openssl, wait_u
 from test_alerts_daemon import ALERTS_TOML
 from test_alerts_shared import nvmon
 from test_daemon import DaemonProc
-from test_hooks import FAST, PD_KEY, Receiver, alert, hook, iso_ok, running, stats, until
+from test_hooks import FAST, PD_KEY, Receiver, alert, hook, iso_ok, receiver, running, stats, until  # noqa: F401 (receiver: a fixture)
 
 from nvmon.alerts.hook_dispatch import HookDispatcher
 from nvmon.alerts.hook_kinds import alertmanager_api
@@ -26,13 +26,6 @@ from nvmon.alerts.model import AlertRecord, fingerprint
 
 API = "/api/v2/alerts"
 
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.server.shutdown()
-    r.server.server_close()
 
 
 def ib_alert(status: str = "firing") -> AlertRecord:

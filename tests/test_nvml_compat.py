@@ -7,42 +7,17 @@ lacks them (on an old install .ci/run uses, some are gone already: removing is t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import pytest
+from simboard import Clock, sampled
 
 from nvmon.collect import nvml_api
-from nvmon.collect.node import NodeSampler
 from nvmon.collect.nvml_api import ABSENT, Api, Failed, Lost, NoValue, Unsupported
 from nvmon.sim.node import SimNode
 
 PCIE_TX, PCIE_RX = "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", "NVML_FI_DEV_PCIE_COUNT_RX_BYTES"
 TEMP_V, TEMP = "nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"
-
-
-class Clock:
-    def __init__(self, t: float = 1_700_000_000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@contextlib.contextmanager
-def sampled(spec: str, *remove: str):
-    """(node, sampler, clock) over bindings without the names in `remove`; opened, not yet sampled."""
-    clock = Clock()
-    node = SimNode(spec, clock=clock)
-    try:
-        for name in remove:
-            vars(node.nvml).pop(name, None)
-        sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync, clock=clock)
-        assert sampler.open().available
-        yield node, sampler, clock
-        sampler.close()
-    finally:
-        node.close()
 
 
 def ticks(sampler, clock, n: int):

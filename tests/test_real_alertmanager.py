@@ -12,20 +12,12 @@ import subprocess
 import sys
 import time
 
-import pytest
 from realstack import REPO, Alertmanager, tool, wait_for
-from test_hooks import Receiver
+from test_hooks import receiver  # noqa: F401 (a fixture)
 from test_prometheus import Daemon
 
 RUNBOOK = "PCIe x8: reseat the card (GPU, HCA) or its riser, check BIOS bifurcation; lspci -vv LnkSta"
 
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.server.shutdown()
-    r.server.server_close()
 
 
 def nvmon(*args: str) -> subprocess.CompletedProcess:
