@@ -225,24 +225,26 @@ needs_mount = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount 
 
 
 @needs_mount
-async def test_readonly_then_full_filesystem_errors_and_recovers(tmp_path):
-    """The database on a read-only file system (Linux refuses to remount read-only under an open
-    writer, so the daemon starts on it), then writable, then full, then with space again."""
+async def test_readonly_at_start_fails_then_full_filesystem_errors_and_recovers(tmp_path):
+    """The database on a read-only file system at start is a path given wrongly: one line, exit 1,
+    nothing written (issue 15). A disk that fills later is a runtime fault: the daemon keeps
+    sampling and publishing, and stores again once there is space."""
     mnt = tmp_path / "small"
     if not _mount_tmpfs(mnt, "4m"):
         pytest.skip("cannot mount tmpfs here")
     try:
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         with Broker(tmp_path) as broker:
+            d = DaemonProc(tmp_path, broker=broker.url, db=mnt / "nvmon.db").start()
+            assert d.proc.wait(timeout=20) == 1
+            d._log.close()
+            assert d.log_text().strip() == f"nvmon: database {mnt / 'nvmon.db'}: read-only file system"
+            subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+            assert list(mnt.iterdir()) == []
             async with Recorder(broker.url, "nvmon/v1/t/n1/sample") as rec:
                 d = DaemonProc(tmp_path, broker=broker.url, db=mnt / "nvmon.db").start()
                 try:
-                    await wait_until(lambda: "read-only" in d.log_text(), 20, "a read-only error in the log")
-                    await wait_until(lambda: len(rec.messages) > 5, 10, "publishing while read-only")
-                    subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
                     await wait_ticks(d.db, 10, timeout=60)
-                    # Logged by the writer just after the commit that the tick count already shows.
-                    await wait_until(lambda: "writable again" in d.log_text(), 5, "'writable again' in the log")
                     filler = mnt / "filler"
                     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
                     # The tick store's own error (the alerts' persistence may hit the full disk first).
@@ -254,12 +256,10 @@ async def test_readonly_then_full_filesystem_errors_and_recovers(tmp_path):
                     stored = len(tick_times(d.db))
                     filler.unlink()
                     await wait_until(lambda: len(tick_times(d.db)) > stored + 5, 60, "storing again")
-                    # Twice at least: a full disk may still take some ticks between errors, as the
-                    # WAL's space (1 MiB, nvmon/store/store.py) is reused after each checkpoint.
-                    assert d.log_text().count("writable again") >= 2
+                    # Logged by the writer just after the commit that the tick count already shows.
+                    await wait_until(lambda: "writable again" in d.log_text(), 5, "'writable again' in the log")
                     assert d.alive()
                 finally:
-                    subprocess.run(["mount", "-o", "remount,rw", str(mnt)], capture_output=True)
                     assert d.stop() == 0
         assert integrity(d.db) == "ok" and "Traceback" not in d.log_text()
     finally:

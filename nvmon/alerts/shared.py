@@ -151,6 +151,35 @@ async def read_shared(settings: MqttSettings, cluster: str, *, wait_s: float = R
     return empty(cluster) if current is None else read_controls(cluster, current)
 
 
+async def read_every_shared(settings: MqttSettings, *, wait_s: float = RETAINED_WAIT_S,
+                            quiet_s: float = 0.3) -> list[ControlSet]:
+    """Every cluster's retained set, by cluster name (what `nvmon alerts silences --broker` lists
+    without --cluster, as `ack` searches every cluster). Reads like find_alerts."""
+    from nvmon.wire.contract import parse_control_topic
+
+    found: dict[str, ControlSet] = {}
+    async with make_client(settings, client_id=settings.client_id or _client_id("controls")) as client:
+        await client.subscribe(control_subscription(None), qos=1)
+        loop = asyncio.get_running_loop()
+        deadline, last = loop.time() + wait_s, None
+        while True:
+            until = deadline if last is None else min(deadline, last + quiet_s)
+            if until <= loop.time():
+                break
+            try:
+                async with asyncio.timeout(until - loop.time()):
+                    m = await anext(aiter(client.messages))
+            except TimeoutError:
+                break
+            last = loop.time()
+            try:
+                cluster = parse_control_topic(m.topic)
+                found[cluster] = read_controls(cluster, bytes(m.payload))
+            except (WireError, ValueError):  # someone else's junk on the topic: not ours to list
+                continue
+    return [found[c] for c in sorted(found)]
+
+
 async def find_alerts(settings: MqttSettings, prefix: str, *, cluster: str | None = None,
                       wait_s: float = RETAINED_WAIT_S, quiet_s: float = 0.3) -> list[tuple[str, str, Alert]]:
     """Active alerts whose fingerprint starts with `prefix`, from the nodes' retained `alerts`

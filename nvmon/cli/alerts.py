@@ -27,8 +27,8 @@ from pathlib import Path
 import click
 
 from nvmon.alerts.model import MATCH_FIELDS, AlertRecord, Silence, iso
-from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError, load_fleet_config,
-                              mqtt_settings)
+from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError, check_broker_files,
+                              load_fleet_config, mqtt_settings, resolve_db)
 from nvmon.store.errors import StoreError, describe
 
 RECENT_S = 86400.0  # resolved alerts shown without --all
@@ -42,22 +42,53 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * UNIT_S[m.group(2).lower()]
 
 
-def parse_matchers(items: tuple[str, ...]) -> dict[str, str]:
-    """('node=gpu-07', 'code=nvlink.*') → {'node': 'gpu-07', 'code': 'nvlink.*'}; ValueError otherwise."""
+def parse_matchers(items: tuple[str, ...], labels: set[str] | None = None) -> dict[str, str]:
+    """('node=gpu-07', 'code=nvlink.*') → {'node': 'gpu-07', 'code': 'nvlink.*'}; ValueError otherwise.
+
+    A key is an alert field (MATCH_FIELDS) or a label name; `label.NAME` is always a label. With
+    `labels` (the label names known here), a bare key that is neither is refused: `nod=gpu-01`
+    would otherwise be a silence that matches nothing."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
+        explicit = key.startswith("label.") and key not in MATCH_FIELDS
+        if explicit:
+            key = key.removeprefix("label.")
         if not sep or not value:
             raise ValueError(f"{item!r}: expected KEY=VALUE, e.g. node=gpu-07")
         if key not in MATCH_FIELDS and not NAME_RE.match(key):
             raise ValueError(f"{key!r}: match on {', '.join(MATCH_FIELDS)} or a label name")
+        if labels is not None and not explicit and key not in MATCH_FIELDS and key not in labels:
+            raise ValueError(_unknown_key(key, labels))
         if len(value) > 256 or not value.isprintable():
             raise ValueError(f"{key}: value must be printable, up to 256 characters")
         out[key] = value
     if not out:
         raise ValueError("give at least one --match KEY=VALUE")
     return out
+
+
+def _unknown_key(key: str, labels: set[str]) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(key, [*MATCH_FIELDS, *labels], n=1)
+    seen = f"labels seen here: {', '.join(sorted(labels))}" if labels else "no labels seen here"
+    return (f"--match {key}=…: unknown key{f' (did you mean {near[0]}?)' if near else ''}; use a field "
+            f"({', '.join(MATCH_FIELDS)}), a label ({seen}), or label.{key}=… for a label not seen yet")
+
+
+def _known_labels(path: str, config_path: Path | None) -> set[str]:
+    """Label names on this database's alerts (every kept episode) and in --config's [node] labels."""
+    from nvmon.store import alerts as db
+
+    names: set[str] = set()
+    if config_path is not None:
+        labels = load_fleet_config(config_path).node.get("labels")
+        names.update(labels if isinstance(labels, dict) else ())
+    if Path(path).exists():
+        names.update(k for r in _read(path, lambda conn: db.load(conn, since=None)) for k in r.labels)
+    return names
 
 
 def _who() -> str:
@@ -96,22 +127,31 @@ def _write(db_path: str, fn):
 
 def _db_option(f):
     return click.option("--db", "db_path", default=None, metavar="PATH",
-                        help=f"The node's database (default {DEFAULT_DB}).")(f)
+                        help=f"The node's database (default {DEFAULT_DB}; outside systemd, when its "
+                             "directory is missing: $XDG_STATE_HOME/nvmon/nvmon.db).")(f)
 
 
 def _db(ctx: click.Context, db_path: str | None) -> str:
-    return db_path or (ctx.parent.params.get("db_path") if ctx.parent else None) or DEFAULT_DB
+    path = db_path or (ctx.parent.params.get("db_path") if ctx.parent else None) or DEFAULT_DB
+    return str(resolve_db(path, DEFAULT_DB, create=False))  # outside systemd: maybe the user's state dir
 
 
-def _share_options(f):
+def _share_options(f=None, *, listing: bool = False):
+    """--broker, --config and --cluster of the alert commands; `listing`: worded for reading only."""
+    if f is None:
+        return lambda g: _share_options(g, listing=listing)
     f = click.option("--cluster", default=None, metavar="NAME",
-                     help="Cluster whose shared set to change (default: the alert's, --config's [node] "
+                     help="Cluster whose shared set to read (default: --config's, else every cluster on the broker)."
+                     if listing
+                     else "Cluster whose shared set to change (default: the alert's, --config's [node] "
                           "or [fleet] cluster).")(f)
     f = click.option("--config", "config_path", default=None, metavar="PATH",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="A daemon or fleet TOML config: its [mqtt] broker and credentials, its cluster.")(f)
     return click.option("--broker", default=None, metavar="URL",
-                        help="Also share it on this broker (mqtt://HOST[:PORT] or mqtts://…), "
+                        help="Also list the shared ones retained on this broker (mqtt://HOST[:PORT] or "
+                             "mqtts://…), on nvmon/v1/<cluster>/@controls." if listing
+                        else "Also share it on this broker (mqtt://HOST[:PORT] or mqtts://…), "
                              "retained on nvmon/v1/<cluster>/@controls.")(f)
 
 
@@ -130,6 +170,8 @@ class _Share:
         self.cluster = cluster or (cfg_cluster if valid_name(cfg_cluster) else None)
         url = broker or (m.broker if m is not None else None)
         self.settings = mqtt_settings(url, m) if url else None  # the table's keepalive_s is for daemons
+        if self.settings is not None:
+            check_broker_files(self.settings)
 
     def local(self, db_path: str) -> bool:
         """Write the local database? Always without a broker (a missing one is an error then)."""
@@ -165,7 +207,7 @@ def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_
     from nvmon.store import alerts as db
 
     now = time.time()
-    db_path = db_path or DEFAULT_DB
+    db_path = str(resolve_db(db_path or DEFAULT_DB, DEFAULT_DB, create=False))
     records, silences = _read(db_path, lambda conn: (db.load(conn, since=None if show_all else now - RECENT_S),
                                                      db.silences(conn, now)))
     silenced = {r.fingerprint for r in records if any(s.matches(r, now) for s in silences)}
@@ -290,7 +332,8 @@ def _find_on_broker(share: _Share, fingerprint: str) -> tuple[str, str, float]:
 
 @alerts_command.command("silence")
 @click.option("--match", "matches", multiple=True, metavar="KEY=GLOB",
-              help="Alert label to match, e.g. node=gpu-07, code='nvlink.*', gpu=3 (repeatable; all must match).")
+              help="Alert field or label to match, e.g. node=gpu-07, code='nvlink.*', gpu=3, label.team=ml "
+                   "(repeatable; all must match; docs/alerts.md).")
 @click.option("--for", "duration", required=True, metavar="DURATION", help="How long, e.g. 30m, 2h, 1d.")
 @click.option("--comment", default=None, help="Why (shown in `nvmon alerts silences`).")
 @_db_option
@@ -303,9 +346,10 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
     """Stop paging alerts that match, for a while (they still show, and are still published)."""
     from nvmon.store import alerts as db
 
+    path = _db(ctx, db_path)
     try:
         seconds = parse_duration(duration)
-        matchers = parse_matchers(matches)
+        matchers = parse_matchers(matches, _known_labels(path, config_path))
     except ValueError as e:
         raise NvmonError(str(e)) from None
     if comment is not None and (len(comment) > 512 or not comment.isprintable()):
@@ -318,7 +362,6 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
     if share.settings is not None and c is None:
         raise NvmonError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
     what = " ".join(f"{k}={v}" for k, v in matchers.items())
-    path = _db(ctx, db_path)
     if share.local(path):
         sid = _write(path, lambda conn: db.add_silence(conn, matchers, now, now + seconds, who, comment))
         click.echo(f"silence {sid} until {iso(now + seconds)}: {what}")
@@ -333,11 +376,12 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
 
 @alerts_command.command("silences")
 @_db_option
-@_share_options
+@_share_options(listing=True)
 @click.pass_context
 def silences_command(ctx: click.Context, db_path: str | None, broker: str | None, config_path: Path | None,
                      cluster: str | None) -> None:
-    """List the silences in force (with --broker: the cluster's shared ones too)."""
+    """List the silences in force: this database's, and with --broker the shared ones of --cluster
+    (default: of every cluster on the broker)."""
     from nvmon.render import plain
     from nvmon.store import alerts as db
 
@@ -346,11 +390,13 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: str | None
     path = _db(ctx, db_path)
     found: list[Silence] = _read(path, lambda conn: db.silences(conn, now)) if share.local(path) else []
     if share.settings is not None:
-        from nvmon.alerts.shared import engine_controls, read_shared
+        from nvmon.alerts.shared import engine_controls, read_every_shared, read_shared
 
-        if share.cluster is None:
-            raise NvmonError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
-        found += engine_controls(share.run(read_shared(share.settings, share.cluster)), now)[1]
+        # Without --cluster every cluster's set, as `ack --broker` searches every cluster.
+        sets = ([share.run(read_shared(share.settings, share.cluster))] if share.cluster is not None
+                else share.run(read_every_shared(share.settings)))
+        for cs in sets:
+            found += engine_controls(cs, now)[1]
     if not found:
         click.echo("No silences.")
     for s in found:

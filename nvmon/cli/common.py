@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from pathlib import Path
 
 import click
@@ -16,6 +17,7 @@ import click
 from nvmon.wire.contract import valid_name
 
 DEFAULT_DB = "/var/lib/nvmon/nvmon.db"  # the daemon's history and alert state
+DEFAULT_FLEET_DB = "/var/lib/nvmon/fleet.db"  # nvmon fleet's alert state
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # node, label and user names
 NAME_HINT = "use 1-64 characters from A-Z a-z 0-9 . _ -"
 # A duration: `90s`, `10m`, `2h`, `3d`, `1w` (`nvmon history --since`, `nvmon alerts silence --for`).
@@ -84,3 +86,80 @@ def mqtt_settings(url: str, section=None, *, keepalive: bool = False):
                             key_file=s(m.key_file) if m else None, **extra)
     except ValueError as e:
         raise NvmonError(str(e)) from None
+
+
+def under_systemd() -> bool:
+    """Started by systemd (a unit sets INVOCATION_ID; its StateDirectory= makes /var/lib/nvmon)."""
+    return bool(os.environ.get("INVOCATION_ID") or os.environ.get("JOURNAL_STREAM"))
+
+
+def user_state_dir() -> Path:
+    """$XDG_STATE_HOME/nvmon, else ~/.local/state/nvmon (XDG base directory spec: a relative
+    XDG_STATE_HOME is ignored)."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "nvmon"
+
+
+def resolve_db(path, default: str, *, create: bool) -> Path:
+    """The database file to use for `path`. The packaged default (/var/lib/nvmon/…) whose directory
+    does not exist, outside systemd: the same name in the user's state directory (made when
+    `create`; a reader takes it only if it exists), said in one line on stderr. Any other path is
+    used as given."""
+    p = Path(path)
+    if p != Path(default) or p.parent.is_dir() or under_systemd():
+        return p
+    alt = user_state_dir() / p.name
+    if not create and not alt.exists():  # a reader: the usual "not found" names the default
+        return p
+    if create:
+        try:
+            alt.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise NvmonError(f"database {alt}: cannot create {alt.parent}: {e.strerror or e}") from None
+    click.echo(f"nvmon: database {alt} ({p.parent} does not exist; --db to choose)", err=True)
+    return alt
+
+
+def check_db_writable(path) -> None:
+    """Start-up check of the database a long-running command writes: a path typed wrongly fails
+    here in one line, instead of in the retry loop meant for a disk that fails later."""
+    p = Path(path)
+    parent = p.absolute().parent
+    if p.is_dir():
+        raise NvmonError(f"database {p}: is a directory; give a file, e.g. {p / 'nvmon.db'}")
+    if p.exists() and not p.is_file():
+        raise NvmonError(f"database {p}: not a regular file")
+    if not parent.exists():
+        raise NvmonError(f"database {p}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise NvmonError(f"database {p}: {parent} is not a directory")
+    for target in (parent, p) if p.exists() else (parent,):  # SQLite adds -wal, -shm and the lock beside it
+        if not os.access(target, os.W_OK):
+            ro = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
+            raise NvmonError(f"database {p}: " + ("read-only file system" if ro else f"{target}: not writable"))
+    probe = parent / f".{p.name}.nvmon-probe-{os.getpid()}"  # what access() cannot tell (root, /proc, …)
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        raise NvmonError(f"database {p}: cannot create files in {parent}: {e.strerror or e}") from None
+
+
+def check_broker_files(settings) -> None:
+    """Read the password and TLS files once at start: a missing or wrong one is a one-line error
+    naming the file (later connections re-read them, so a rotated file is still picked up)."""
+    for what, f in (("password file", settings.password_file), ("CA file", settings.ca_file),
+                    ("certificate file", settings.cert_file), ("key file", settings.key_file)):
+        if f is None:
+            continue
+        try:
+            with open(f, "rb"):
+                pass
+        except OSError as e:
+            raise NvmonError(f"{what} {f}: {e.strerror or e}") from None
+    try:
+        settings.tls_context()
+    except (ssl.SSLError, OSError, ValueError) as e:
+        files = ", ".join(str(f) for f in (settings.ca_file, settings.cert_file, settings.key_file) if f)
+        reason = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(e.args[-1] if e.args else e))  # not OpenSSL's source line
+        raise NvmonError(f"TLS files ({files or 'system CAs'}): {reason}") from None

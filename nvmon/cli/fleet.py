@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import check_cluster, load_fleet_config, mqtt_settings, setup_logging
+from nvmon.cli.common import (DEFAULT_FLEET_DB, check_broker_files, check_cluster, check_db_writable,
+                              load_fleet_config, mqtt_settings, resolve_db, setup_logging)
 from nvmon.fleet.service import DEFAULT_CONFIG
 
 DEFAULT_BROKER = "mqtt://localhost:1883"
@@ -24,7 +25,8 @@ DEFAULT_BROKER = "mqtt://localhost:1883"
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="PATH", help=f"TOML config: [fleet], [mqtt], [[hooks]] (default {DEFAULT_CONFIG} if present).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
-              help="SQLite file for fleet alert state (default: [fleet] db, /var/lib/nvmon/fleet.db).")
+              help=f"SQLite file for fleet alert state (default: [fleet] db, {DEFAULT_FLEET_DB}; outside "
+                   "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/fleet.db).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def fleet_command(broker: str | None, cluster: str | None, config_path: Path | None, db_path: Path | None,
@@ -42,6 +44,8 @@ def fleet_command(broker: str | None, cluster: str | None, config_path: Path | N
     cfg = load_fleet_config(config_path)
     m = cfg.mqtt
     settings = mqtt_settings(broker or m.broker or DEFAULT_BROKER, m, keepalive=True)
+    check_broker_files(settings)
+    db = resolve_db(db_path or cfg.fleet.db, DEFAULT_FLEET_DB, create=True)
+    check_db_writable(db)
     setup_logging(log_level)
-    sys.exit(asyncio.run(run_fleet(cfg, settings, cluster=cluster or cfg.fleet.cluster,
-                                   db=db_path or cfg.fleet.db)))
+    sys.exit(asyncio.run(run_fleet(cfg, settings, cluster=cluster or cfg.fleet.cluster, db=db)))

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from nvmon.catalog import display_unit
-from nvmon.cli.common import DEFAULT_DB, DURATION, UNIT_S, NvmonError
+from nvmon.cli.common import DEFAULT_DB, DURATION, UNIT_S, NvmonError, resolve_db
 from nvmon.store.errors import StoreError, describe
 from nvmon.store.metrics import DEFAULT_METRICS, KINDS, METRICS
 from nvmon.store.query import History, history, open_readonly
@@ -121,6 +121,7 @@ def history_command(db_path: str, since: float, until: float | None, gpus: tuple
     until = until if until is not None else click.get_current_context().meta.get("nvmon_now", time.time())
     if since >= until:
         raise click.BadParameter("must be before --until", param_hint="--since")
+    db_path = str(resolve_db(db_path, DEFAULT_DB, create=False))  # where the daemon writes outside systemd
     try:
         conn = open_readonly(db_path)
     except StoreError as exc:

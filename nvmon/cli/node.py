@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import NAME_HINT, NAME_RE, NvmonError, check_interval, setup_logging
+from nvmon.cli.common import (DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, check_broker_files, check_db_writable,
+                              check_interval, mqtt_settings, resolve_db, setup_logging)
 
 
 class AuditError(NvmonError):
@@ -144,7 +145,8 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="TOML config (default /etc/nvmon/nvmon.toml if it exists; example: systemd/nvmon.toml).")
 @click.option("--broker", metavar="URL", help="mqtt://host:port or mqtts://host:port; '' to not publish.")
-@click.option("--db", metavar="PATH", help="SQLite history database (default /var/lib/nvmon/nvmon.db).")
+@click.option("--db", metavar="PATH", help="SQLite history database (default /var/lib/nvmon/nvmon.db; outside "
+              "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/nvmon.db).")
 @click.option("--interval", type=float, metavar="SECONDS", help="Sampling period (default 1).")
 @click.option("--node", help="Node name on the wire and in the db (default: short host name).")
 @click.option("--cluster", help="Cluster name: the topic tree is nvmon/v1/<cluster>/<node>/.")
@@ -181,6 +183,7 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
             parse_scenario(cfg.sampling.sim)
         except SimSpecError as e:
             raise NvmonError(str(e)) from None
+    cfg = _checked_paths(cfg)
     setup_logging(log_level)
     from nvmon.daemon.main import Daemon
 
@@ -189,6 +192,16 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
     except ConfigError as e:  # found only when used, e.g. the Prometheus port is taken
         raise NvmonError(str(e)) from None
     sys.exit(status)
+
+
+def _checked_paths(cfg):
+    """What the daemon writes and reads, checked before it starts: a database path or a broker file
+    given wrongly is a one-line error now, not a retry loop for ever (those are for later faults)."""
+    db = resolve_db(cfg.store.path, DEFAULT_DB, create=True)
+    check_db_writable(db)
+    if cfg.mqtt.broker:
+        check_broker_files(mqtt_settings(cfg.mqtt.broker, cfg.mqtt, keepalive=True))
+    return cfg if db == cfg.store.path else cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": db})})
 
 
 @click.command()

@@ -45,7 +45,7 @@ _register_subcommands()
 def main() -> None:
     """Console entry point: one-line errors for everything, tracebacks only with NVMON_DEBUG=1."""
     try:
-        cli(standalone_mode=False)
+        cli(standalone_mode=False, prog_name="nvmon")  # "nvmon …" in messages, however started (python -m)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.Abort:

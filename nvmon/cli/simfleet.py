@@ -61,6 +61,10 @@ def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interva
         raise NvmonError(str(e)) from None
     click.echo(describe(fleet) + "; Ctrl-C to stop", err=True)
     asyncio.run(_run(fleet, seconds))
+    s = fleet.stats
+    if s.published == 0:  # a run that never reached the broker is a failure, not a quiet exit 0
+        raise NvmonError(f"sim-fleet published nothing to {broker} ({s.connects} connections, {s.errors} errors"
+                         + (f"; last: {s.last_error})" if s.last_error else ")"))
 
 
 async def _run(fleet, seconds: float | None) -> None:
@@ -79,13 +83,20 @@ async def _run(fleet, seconds: float | None) -> None:
     finally:
         reporter.cancel()
     s = fleet.stats
-    click.echo(f"sim-fleet: stopped; {s.published} samples published, {s.connects} connections, "
-               f"{s.errors} errors" + (f" (last: {s.last_error})" if s.last_error else ""), err=True)
+    if s.published:  # else the caller's one-line error says it all
+        click.echo(f"sim-fleet: stopped; {s.published} samples published, {s.connects} connections, "
+                   f"{s.errors} errors" + (f" (last: {s.last_error})" if s.last_error else ""), err=True)
 
 
-async def _report(fleet, every_s: float = 10.0) -> None:
-    """A line every `every_s` while nodes are not all connected: a wrong broker shows at once."""
-    errors = 0
+async def _report(fleet, every_s: float = 10.0, first_s: float = 0.2) -> None:
+    """The first connection error at once (a wrong broker shows within a second, then the nodes
+    retry), then a line every `every_s` while nodes are not all connected."""
+    while fleet.stats.errors == 0 and fleet.stats.connected == 0:
+        await asyncio.sleep(first_s)
+    s = fleet.stats
+    if s.connected == 0 and s.last_error:
+        click.echo(f"sim-fleet: cannot reach {fleet.settings.url}: {s.last_error}; retrying", err=True)
+    errors = s.errors
     while True:
         await asyncio.sleep(every_s)
         s = fleet.stats

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from nvmon.cli.common import NvmonError, check_cluster
+from nvmon.cli.common import NvmonError, check_broker_files, check_cluster
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 
@@ -43,6 +43,7 @@ def tui_command(broker: str, cluster: str | None, username: str | None, password
                                 cert_file=cert_file, key_file=key_file, tls_insecure=tls_insecure)
     except ValueError as e:
         raise NvmonError(str(e)) from None
+    check_broker_files(settings)  # before the screen opens: a wrong file is not a retry loop
     # Logs must not scribble over the screen: to --log-file, else nowhere (the header and its
     # banner show the broker's state and the drop counts).
     handler = logging.FileHandler(log_file) if log_file else logging.NullHandler()

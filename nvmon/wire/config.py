@@ -25,6 +25,8 @@ class MqttSection(BaseModel):
     def _broker(cls, v: str | None) -> str | None:
         if v in (None, ""):
             return None
+        if "@" in v.partition("//")[2]:  # the message never echoes the URL: it may hold a password
+            raise ValueError("no credentials in the URL; use username and password_file")
         if not re.match(r"^mqtts?://[^/\s:]+(:\d{1,5})?/?$", v):
             raise ValueError("must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT]")
         return v

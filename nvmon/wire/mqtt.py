@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import re
 import ssl
 import threading
 from dataclasses import dataclass
@@ -40,25 +41,34 @@ class BrokerAddress:
         return f"{'mqtts' if self.tls else 'mqtt'}://{host}:{self.port}"
 
 
+def redact_url(url: str) -> str:
+    """`url` fit to echo in a message: what comes before its last `@` (`user:secret`, even with a
+    `/` in the password) shown as ***."""
+    return re.sub(r"//.*@", "//***@", str(url), flags=re.DOTALL)
+
+
 def parse_broker_url(url: str) -> BrokerAddress:
     """`mqtt://host[:1883]` or `mqtts://host[:8883]` → BrokerAddress; ValueError with a one-line reason.
 
     Credentials in the URL are refused: they would show in `ps` and shell history
     (the password comes from `password_file`).
     """
+    shown = redact_url(url)  # every message below echoes the URL: never with its password
+    if "@" in str(url).partition("//")[2]:  # before urlsplit, whose errors may quote part of a password
+        raise ValueError(f"broker URL {shown!r}: no credentials in the URL; use username and password_file")
     try:
         u = urlsplit(url.strip())
         port = u.port
     except (ValueError, AttributeError) as e:
-        raise ValueError(f"broker URL {url!r}: {e}") from None
+        raise ValueError(f"broker URL {shown!r}: {e}") from None
     if u.scheme not in SCHEMES:
-        raise ValueError(f"broker URL {url!r}: expected mqtt://HOST:PORT or mqtts://HOST:PORT")
+        raise ValueError(f"broker URL {shown!r}: expected mqtt://HOST:PORT or mqtts://HOST:PORT")
     if u.username is not None or u.password is not None:
-        raise ValueError(f"broker URL {url!r}: no credentials in the URL; use username and password_file")
+        raise ValueError(f"broker URL {shown!r}: no credentials in the URL; use username and password_file")
     if not u.hostname:
-        raise ValueError(f"broker URL {url!r}: no host")
+        raise ValueError(f"broker URL {shown!r}: no host")
     if u.path not in ("", "/") or u.query or u.fragment:
-        raise ValueError(f"broker URL {url!r}: unexpected path or query")
+        raise ValueError(f"broker URL {shown!r}: unexpected path or query")
     tls, default_port = SCHEMES[u.scheme]
     return BrokerAddress(tls=tls, host=u.hostname, port=port or default_port)
 
@@ -82,7 +92,7 @@ class MqttSettings:
     def __post_init__(self) -> None:
         addr = self.address
         if not addr.tls and (self.ca_file or self.cert_file or self.key_file or self.tls_insecure):
-            raise ValueError(f"broker URL {self.url!r}: TLS options need an mqtts:// URL")
+            raise ValueError(f"broker URL {redact_url(self.url)!r}: TLS options need an mqtts:// URL")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("TLS client authentication needs both cert_file and key_file")
         if self.password_file is not None and not self.username:
