@@ -157,6 +157,38 @@ def test_liveness_online_stale_offline_online():
     assert st_.nodes[key].liveness(T0 + 31).state == "online" and st_.nodes[key].status.state == "online"
 
 
+def test_retained_offline_status_is_dated_by_its_own_timestamp():
+    """A viewer started long after the stop or the death: the age is the status's, not the arrival's."""
+    st_ = FleetState()
+    stop = status_payload("offline", version="1", interval_s=1, ts=T0 - 360, reason="stopped")
+    assert st_.apply(topic(C, "s", "status"), stop, T0)
+    live = st_.nodes[(C, "s")].liveness(T0 + 2)
+    assert (live.state, live.reason, live.age_s, live.exact) == ("offline", "stopped", 362.0, True)
+    # The will is stamped at the daemon's connect: the node's latest own timestamp (its alerts,
+    # republished at 360 s before now) bounds the silence, and the age says it is a bound.
+    will = status_payload("offline", version="1", interval_s=1, ts=T0 - 86400, reason="lost")
+    assert st_.apply(topic(C, "w", "status"), will, T0)
+    assert st_.nodes[(C, "w")].liveness(T0).age_s == 86400.0
+    assert st_.apply(topic(C, "w", "alerts"), alerts_payload([], T0 - 360), T0)
+    live = st_.nodes[(C, "w")].liveness(T0 + 2)
+    assert (live.state, live.reason, live.age_s, live.exact) == ("offline", "lost", 362.0, False)
+    assert st_.stats.clock_skewed == 0
+
+
+def test_status_timestamps_are_clamped_and_skew_noted():
+    st_ = FleetState()
+    future = status_payload("offline", version="1", interval_s=1, ts=T0 + 3600, reason="stopped")
+    assert st_.apply(topic(C, "f", "status"), future, T0)
+    assert st_.nodes[(C, "f")].liveness(T0 + 1).age_s == 1.0  # dated by arrival, not negative
+    assert st_.nodes[(C, "f")].clock_skew_s == 3600.0 and st_.stats.clock_skewed == 1
+    ancient = status_payload("offline", version="1", interval_s=1, ts=1.0, reason="stopped")
+    assert st_.apply(topic(C, "a", "status"), ancient, T0)
+    assert st_.nodes[(C, "a")].liveness(T0 + 1).age_s == 1.0  # absurdly old: unknown, dated by arrival
+    slight = status_payload("offline", version="1", interval_s=1, ts=T0 + 2, reason="stopped")
+    assert st_.apply(topic(C, "s", "status"), slight, T0)  # within the tolerance: not skew, not ahead
+    assert st_.nodes[(C, "s")].liveness(T0).age_s == 0.0 and st_.nodes[(C, "s")].clock_skew_s is None
+
+
 def test_ticks_seen_but_not_yet_applied_keep_a_node_alive():
     st_ = FleetState()
     feed(st_, "n1", now=T0)

@@ -217,7 +217,8 @@ class FleetRules:
                                else "connection lost (the broker published its will)")
                         conds.append(Condition(
                             fingerprint("node.offline", cluster, node), "node.offline",
-                            f"{node}: daemon offline for {_age(live.age_s)}: {how}", book["node.offline"].runbook,
+                            f"{node}: daemon offline for {'' if live.exact else 'up to '}{_age(live.age_s)}: "
+                            f"{how}", book["node.offline"].runbook,
                             value=reason, threshold=None))
             elif live.state == "stale":
                 codes.add("node.stale")

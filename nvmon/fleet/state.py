@@ -60,11 +60,28 @@ def classify(error: WireError) -> str:
     return next((reason for fragment, reason in _CLASSES if fragment in text), "content")
 
 
+# A status's own `ts` dates it, bounded by the receiver's clock: one from the future (a skewed node
+# clock) counts as received now, one older than this as unknown (received now too).
+SKEW_TOLERANCE_S = 5.0
+MAX_STATUS_AGE_S = 366 * 86400.0
+
+
+def status_time(ts: float, rx: float) -> tuple[float, float | None]:
+    """When a status says it happened, sanely bounded by `rx` (when it arrived), and the node's
+    clock skew if it is visibly ahead (None otherwise: a retained message's lateness is no skew)."""
+    if ts > rx + SKEW_TOLERANCE_S:
+        return rx, ts - rx
+    if not rx - MAX_STATUS_AGE_S <= ts:
+        return rx, None
+    return min(ts, rx), None
+
+
 @dataclass(frozen=True, slots=True)
 class Liveness:
     state: str  # "online" | "stale" (no tick for stale_after_s) | "offline" (status offline or the will)
     age_s: float  # since the last sign of life (online, stale) or since it went offline
     reason: str | None = None  # offline: "lost" (the will), "stopped" (clean), or None
+    exact: bool = True  # False: an upper bound, "silent for up to age_s" (a will found retained: see NodeView)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +95,10 @@ class NodeView:
     stale_after_s: float
     status: Status | None = None
     status_rx: float | None = None
-    status_since: float | None = None  # when the status last changed state
+    status_since: float | None = None  # when the status last changed state, by its own `ts` (status_time)
+    since_bound: bool = False  # status_since is the will found retained: dated at the daemon's connect,
+    # not its death, so the node's latest own timestamp is the best date (an upper bound on the age)
+    clock_skew_s: float | None = None  # the latest status's `ts` was this far ahead of the receiver's clock
     inventory: Inventory | None = None
     facts: Facts | None = None  # what the inventory implies for summaries (specs, expected counts)
     inventory_stale: bool = False  # ticks now come with another layout; waiting for the new inventory
@@ -111,7 +131,12 @@ class NodeView:
         if st is not None and st.state == "offline" and (alive is None or status_rx is None or alive <= status_rx):
             # A tick after the offline status proves the node alive again (it restarted and its
             # online status is still on the way), so only silence keeps it offline.
-            return Liveness("offline", max(0.0, now - (self.status_since or now)), st.reason)
+            since = self.status_since or now
+            if self.since_bound:  # the latest own timestamp of the node's retained messages
+                for m in (self.inventory, self.alerts):
+                    if m is not None and since < m.ts <= now:
+                        since = m.ts
+            return Liveness("offline", max(0.0, now - since), st.reason, exact=not self.since_bound)
         last = alive if alive is not None else self.first_seen
         if status_rx is not None and (alive is None or status_rx > alive):
             last = status_rx
@@ -136,6 +161,7 @@ class FleetStats:
     dropped: int
     dropped_by_reason: dict[str, int]
     last_drop: str | None  # "reason: one-line message", safe to display
+    clock_skewed: int = 0  # nodes whose latest status is dated ahead of this clock (status_time)
 
 
 class _Drop(Exception):
@@ -165,6 +191,7 @@ class FleetState:
         self._received = self._applied = self._cleared = 0
         self._dropped: Counter[str] = Counter()
         self._last_drop: str | None = None
+        self._skew_noted = False
 
     # --- input --------------------------------------------------------------------------------
 
@@ -226,7 +253,22 @@ class FleetState:
         if st == v.status:
             return v, None  # the retained copy again (a resubscribe): not a new sign of life
         same_state = v.status is not None and (v.status.state, v.status.reason) == (st.state, st.reason)
-        return replace(v, status=st, status_rx=now, status_since=v.status_since if same_state else now,
+        at, skew = status_time(st.ts, now)
+        # The will is stamped when the daemon connected, not when it died: seen live, its arrival
+        # dates it (1.5 × keepalive after the death); found retained by a viewer just started, the
+        # node's own latest timestamp bounds it (Liveness.exact False).
+        seen_before = v.status is not None or v.alive_rx is not None
+        bound = st.state == "offline" and st.reason != "stopped" and not seen_before
+        if st.state == "offline" and st.reason != "stopped" and seen_before:
+            at = now
+        if same_state:
+            at, bound = v.status_since, v.since_bound
+        if skew is not None and v.clock_skew_s is None:
+            log.log(logging.DEBUG if self._skew_noted else logging.WARNING,
+                    "fleet: %s/%s's status is dated %.0f s ahead of this clock (clock skew?); dated by arrival%s",
+                    v.cluster, v.node, skew, "" if self._skew_noted else " (further nodes at DEBUG)")
+            self._skew_noted = True
+        return replace(v, status=st, status_rx=now, status_since=at, since_bound=bound, clock_skew_s=skew,
                        stale_after_s=self._stale_after(st, v.tick)), None
 
     def _on_inventory(self, v: NodeView, inv: Inventory, now: float) -> tuple[NodeView, None]:
@@ -400,4 +442,5 @@ class FleetState:
     def stats(self) -> FleetStats:
         return FleetStats(received=self._received, applied=self._applied, cleared=self._cleared,
                           dropped=sum(self._dropped.values()), dropped_by_reason=dict(self._dropped),
-                          last_drop=self._last_drop)
+                          last_drop=self._last_drop,
+                          clock_skewed=sum(v.clock_skew_s is not None for v in self._nodes.values()))

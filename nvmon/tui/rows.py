@@ -52,7 +52,8 @@ def c_status(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         return _mark(WARN, "layout?") if v.inventory_stale else _mark(OK, "online")
     if live.state == "stale":
         return _mark(WARN, f"stale {age(live.age_s)}")
-    return _mark(BAD, f"{'lost' if live.reason == 'lost' else 'off'} {age(live.age_s)}")
+    bound = "" if live.exact else "≤"  # a will found retained: silent for up to this long
+    return _mark(BAD, f"{'lost' if live.reason == 'lost' else 'off'} {bound}{age(live.age_s)}")
 
 
 def c_rack(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
