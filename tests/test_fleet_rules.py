@@ -109,6 +109,30 @@ def test_clean_stop_pages_only_after_clean_stop_after_s():
     assert rec.value == "stopped" and "stopped cleanly" in rec.summary
 
 
+def test_a_stop_found_retained_pages_with_its_true_age():
+    """nvmon fleet started 20 min after a clean stop: past clean_stop_after_s by the status's own ts."""
+    state, alerts, pager = setup(clean_stop_after_s=900)
+    assert state.apply(topic(C, "n1", "status"), status_payload("offline", version="1", interval_s=1.0,
+                                                                ts=T0 - 1200, reason="stopped"), T0)
+    alerts.evaluate(state, T0 + 1)
+    [rec] = pager.of("node.offline")
+    assert "offline for 20 min" in rec.summary
+
+
+def test_a_forgotten_node_ends_its_alerts_without_a_page():
+    state, alerts, pager = setup()
+    node_up(state, "n1", T0)
+    offline(state, "n1", T0 + 1)
+    alerts.evaluate(state, T0 + 1)
+    assert len(pager.of("node.offline")) == 1 and len(alerts.active()) == 1
+    assert state.apply(topic(C, "n1", "status"), b"", T0 + 2)  # nvmon forget: the retained status cleared
+    assert (C, "n1") not in state.nodes
+    run(state, alerts, T0 + 2, T0 + 60)
+    assert len(pager.sent) == 1 and alerts.active() == [] and alerts.engines == {}
+    [ended] = [r for r in alerts._unsaved._records.values() if r.status == "resolved"]
+    assert ended.ends_at == T0 + 2 and "forgotten" in ended.summary  # in the database, not paged
+
+
 def test_stale_after_k_intervals():
     state, alerts, pager = setup(stale_after_intervals=3, rules={"node.stale": {"for_s": 0}})
     node_up(state, "n1", T0)

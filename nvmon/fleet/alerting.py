@@ -16,6 +16,9 @@ Blind spells: while the subscriber is not connected, and for a settle time after
 every active alert is held as it is and no new one starts. Losing the broker must not page the
 whole fleet as stale, nor resolve what is still wrong.
 
+Forgotten nodes: a node whose retained status was cleared (`nvmon forget`) leaves the state; its
+alerts end at once in the database, logged, not paged (a resolved node.offline would read "back").
+
 Restart: active episodes are read back from the database before the first evaluation, so an alert
 still firing stays firing without a second page (AlertEngine.restore).
 """
@@ -26,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition
 from nvmon.alerts.model import AlertRecord, Silence
@@ -119,6 +123,10 @@ class FleetAlerts:
             out: list[Transition] = []
             for place in list(self.engines.keys() | conds.keys()):
                 eng = self.engines.get(place)
+                if (eng is not None and not blind and place.kind == "node" and place not in conds
+                        and (place.cluster, place.name) not in state.nodes):
+                    self._forgotten(place, eng, now)
+                    continue
                 if eng is None:
                     eng = self._engine(place, self.rules.identities[place], now)
                 trs = eng.step(conds.get(place, ()), now, held)
@@ -136,6 +144,17 @@ class FleetAlerts:
             return []
         finally:
             self.eval_seconds = time.perf_counter() - t0
+
+    def _forgotten(self, place: Place, eng: AlertEngine, now: float) -> None:
+        """The node left the state: its retained status was cleared (`nvmon forget`). Its alerts end
+        now, in the database, without a page: a resolved node.offline would say it came back."""
+        ended = [replace(r.with_status("resolved", now), summary=f"{r.summary} (forgotten: node decommissioned)")
+                 for r in eng.active()]
+        for r in ended:
+            log.info("fleet alert forgotten: %s", describe(r))
+        self._unsaved.keep(eng.take_dirty(now, force=True) + ended)
+        self._wake.set()
+        del self.engines[place]
 
     def _after(self, eng: AlertEngine, trs: list[Transition], now: float) -> None:
         for tr in trs:
