@@ -136,11 +136,11 @@ def test_gpu_metrics_carry_dcgm_exporters_labels_and_values():
     assert len(power) == 8
     g = s.gpus[2]
     labels = next(x.labels for x in power if x.labels["gpu"] == "2")
-    assert list(labels) == list(GPU_LABELS)  # and in dcgm-exporter's order
+    assert list(labels) == [*GPU_LABELS, "DCGM_FI_DRIVER_VERSION"]  # and in dcgm-exporter's order
     own = next(x.labels for x in series(fams, "nvmon_gpu_lost") if x.labels["gpu"] == "3")
     assert list(own) == list(NVMON_GPU_LABELS) and own["model_name"] == labels["modelName"]
     assert labels == {"gpu": "2", "UUID": g.uuid, "pci_bus_id": g.pci_bus_id, "device": "nvidia2",
-                      "modelName": g.name, "Hostname": s.node}
+                      "modelName": g.name, "hostname": s.node, "DCGM_FI_DRIVER_VERSION": s.nvml.driver_version}
     assert value(fams, "DCGM_FI_DEV_POWER_USAGE", gpu="2") == 512.5
     assert value(fams, "DCGM_FI_DEV_GPU_TEMP", gpu="2") == 71.0
     assert value(fams, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu="2") == 1234568  # mJ
@@ -175,7 +175,7 @@ def test_nvlink_metrics_per_gpu_and_per_link():
     # DCGM's "bandwidth total": tx + rx in MiB/s
     assert value(fams, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == pytest.approx(2 * 18 * 20e9 / 2**20)
     per_link = next(x for x in series(fams, "nvmon_nvlink_up") if x.labels["link"] == "0")
-    assert set(per_link.labels) == {"gpu", "UUID", "Hostname", "link"}
+    assert set(per_link.labels) == {"gpu", "UUID", "hostname", "link"}
 
 
 def test_byte_counters_integrate_rates_and_stay_monotonic():
@@ -615,11 +615,11 @@ def dashboard_queries() -> list[str]:
 
 
 def test_query_parser_finds_metric_names():
-    assert query_metrics('sum by (Hostname) (rate(nvmon_nvlink_tx_bytes_total{Hostname=~"$node"}[5m]))') == {
+    assert query_metrics('sum by (hostname) (rate(nvmon_nvlink_tx_bytes_total{hostname=~"$node"}[5m]))') == {
         "nvmon_nvlink_tx_bytes_total"}
     assert query_metrics("DCGM_FI_DEV_PCIE_LINK_WIDTH < on(UUID) DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH") == {
         "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"}
-    assert query_metrics("label_values(nvmon_node_info, Hostname)") == {"nvmon_node_info", "Hostname"}
+    assert query_metrics("label_values(nvmon_node_info, hostname)") == {"nvmon_node_info", "hostname"}
 
 
 def test_dashboard_queries_name_only_exported_metrics():
@@ -632,7 +632,7 @@ def test_dashboard_queries_name_only_exported_metrics():
                 if n in page.samples or n + "_total" in page.samples or family(page, n) is not None}
     used = set()
     for q in queries:
-        names = query_metrics(q) - {"Hostname", "gpu", "UUID", "link", "device", "port", "cluster", "rack"}
+        names = query_metrics(q) - {"hostname", "gpu", "UUID", "link", "device", "port", "cluster", "rack"}
         assert names, q
         assert names <= exported, f"{q}: {names - exported} not exported"
         used |= names
@@ -714,7 +714,8 @@ def test_scrape_a_running_daemon_matches_nvmon_sample(daemon, tmp_path):
         i = str(g["index"])
         labels = next(x.labels for x in power if x.labels["gpu"] == i)
         assert labels == {"gpu": i, "UUID": g["uuid"], "pci_bus_id": g["pci_bus_id"], "device": f"nvidia{i}",
-                          "modelName": g["name"], "Hostname": "prom-1"}
+                          "modelName": g["name"], "hostname": "prom-1",
+                          "DCGM_FI_DRIVER_VERSION": ref["nvml"]["driver_version"]}
         assert value(fams, "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", gpu=i) == g["power_limit_w"]
         for key, name in (("width", "LINK_WIDTH"), ("max_width", "MAX_LINK_WIDTH"), ("max_gen", "MAX_LINK_GEN")):
             assert value(fams, f"DCGM_FI_DEV_PCIE_{name}", gpu=i) == g["pcie"][key]

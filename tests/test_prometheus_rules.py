@@ -57,10 +57,10 @@ def test_every_alert_names_an_nvmon_code_with_its_severity_and_runbook(stack):
 def test_a_real_prometheus_evaluates_the_rules_on_a_faulty_board(stack):
     d, prom, dead = stack
     want = {  # alert → the labels it must carry (one alert each)
-        "NvmonNVLinkDown": {"gpu": "2", "link": "5", "Hostname": "prom-1"},
+        "NvmonNVLinkDown": {"gpu": "2", "link": "5", "hostname": "prom-1"},
         "NvmonPCIeDowntrained": {"gpu": "3", "modelName": "NVIDIA H100 80GB HBM3"},
         "NvmonIBBelowRate": {"device": "mlx5_1", "port": "1"},
-        "NvmonFabricNotReady": {"Hostname": "prom-1"},
+        "NvmonFabricNotReady": {"hostname": "prom-1"},
         "NvmonGPUPowerLimitLow": {"gpu": "4"},
         "NvmonNodeAgentDown": {"instance": dead},
     }

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from nvmon.catalog.families import FAMILIES
+from nvmon.catalog.compat import DEFAULT, LINES
+from nvmon.catalog.families import FAMILIES, GPU_LABELS
 from nvmon.catalog.metrics import METRICS, Rollup, Scope, Static
 
 _HISTORY_TABLE = {Scope.GPU: "gpu", Scope.NVLINK: "link", Scope.IB_PORT: "ib", Scope.NODE: "node"}
@@ -57,12 +58,34 @@ def families_table() -> str:
     return "\n".join(rows)
 
 
+def compat_table() -> str:
+    """docs/prometheus.md: the dcgm-exporter lines side by side (nvmon.catalog.compat)."""
+    lines = list(LINES.values())
+    dcgm = [f for f in FAMILIES if f.name.startswith("DCGM_")]
+
+    def row(what: str, cells) -> str:
+        return f"| {what} | " + " | ".join(cells) + " |"
+
+    return "\n".join([
+        row("`dcgm_compat`", (f"`{x.key}`" + (" (default)" if x.key == DEFAULT else "") for x in lines)),
+        row("---", ("---" for _ in lines)),
+        row("copies", (x.matches for x in lines)),
+        row("host label, every series", (f"`{x.host_label}`" for x in lines)),
+        row("GPU labels of `DCGM_*`", (", ".join(f"`{x.label(n)}`" for n in GPU_LABELS)
+                                       + (f", `{x.driver_label}`" if x.driver_label else "") if x.dcgm else "—"
+                                       for x in lines)),
+        row("driver label", (f"`{x.driver_label}` = the driver version" if x.driver_label else "—"
+                             for x in lines)),
+        row("`DCGM_*` families", (f"{len(dcgm)}, names and units as in the table above" if x.dcgm else "none"
+                                  for x in lines)),
+    ])
+
 
 # page (relative to the repository root) → {table name: generator}
 TABLES: dict[str, dict[str, Callable[[], str]]] = {
     "docs/store.md": {"history": history_table},
     "docs/sample-schema.md": {"gpu-metrics": gpu_metrics_table},
-    "docs/prometheus.md": {"families": families_table},
+    "docs/prometheus.md": {"families": families_table, "compat": compat_table},
 }
 
 

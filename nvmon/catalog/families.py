@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 from nvmon.catalog.metrics import METRICS
 
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")  # dcgm-exporter's, its order
+# The host label as the default compat line spells it; another line respells it (nvmon.catalog.compat).
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname")  # dcgm-exporter's, its order
 SCOPE_LABELS = {
     "GPU": GPU_LABELS,
-    "LINK": ("gpu", "UUID", "Hostname", "link"),  # shorter: 144 series per node; join on UUID for the rest
-    "IB": ("Hostname", "device", "port"),  # device: "mlx5_0" (node_exporter's InfiniBand labels)
-    "PCI": ("Hostname", "kind", "device", "pci_bus_id"),  # kind: "hca" | "nvswitch"
-    "NODE": ("Hostname",),
+    "LINK": ("gpu", "UUID", "hostname", "link"),  # shorter: 144 series per node; join on UUID for the rest
+    "IB": ("hostname", "device", "port"),  # device: "mlx5_0" (node_exporter's InfiniBand labels)
+    "PCI": ("hostname", "kind", "device", "pci_bus_id"),  # kind: "hca" | "nvswitch"
+    "NODE": ("hostname",),
 }
 
 
@@ -71,7 +72,7 @@ DCGM = (
     _m("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "gauge", "GPU", "PCIe Max Link Width.", metric="pcie_max_width"),
     _m("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "GPU", "Total number of PCIe retries.",
        metric="pcie_replay_errors"),
-    _m("DCGM_FI_DEV_XID_ERRORS", "gauge", "GPU", "Value of the last XID error encountered."),
+    _m("DCGM_FI_DEV_XID_ERRORS", "gauge", "GPU", "Value of the last XID error encountered.", "err_code", "err_msg"),
     _m("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "counter", "GPU",
        "Total number of bytes transmitted through PCIe TX (in KB) via NVML.",
        metric="pcie_tx_bytes_per_s", divisor=1024),

@@ -96,6 +96,16 @@ class PrometheusSection(_Section):
         parse_listen(v)  # raises ValueError with the reason
         return v
 
+    # Which dcgm-exporter page the DCGM_* families copy (nvmon.catalog.compat, docs/prometheus.md).
+    dcgm_compat: str = "4.8.3"
+
+    @field_validator("dcgm_compat", mode="before")
+    @classmethod
+    def _dcgm_compat(cls, v: object) -> str:
+        from nvmon.catalog.compat import line
+
+        return line(v if isinstance(v, str) else repr(v)).key  # raises ValueError with the choices
+
 
 class DaemonConfig(_Section):
     node: NodeSection = Field(default_factory=NodeSection)

@@ -134,11 +134,13 @@ class Daemon:
         listen = self.cfg.prometheus.listen
         if not listen:
             return None
+        from nvmon.catalog.compat import line
         from nvmon.export.prometheus import PrometheusExporter
 
         n = self.cfg.node
         return PrometheusExporter(listen, judge=self.judge, health=self.health,
-                                  node_info={"cluster": n.cluster, "rack": n.rack or "", "version": __version__})
+                                  node_info={"cluster": n.cluster, "rack": n.rack or "", "version": __version__},
+                                  compat=line(self.cfg.prometheus.dcgm_compat))
 
     def health(self):
         """The daemon's own counters for the exporter (called from its HTTP thread: reads only)."""

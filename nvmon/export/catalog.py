@@ -8,6 +8,7 @@ module keeps the names the exporter, its docs test and the Grafana dashboard tes
 from __future__ import annotations
 
 from nvmon.catalog import BY_FAMILY, GPU_LABELS, SCOPE_LABELS, Family
+from nvmon.catalog.compat import Line, line
 
 MetricDef = Family  # the exporter's older name for a family
 METRICS: dict[str, Family] = BY_FAMILY
@@ -16,16 +17,21 @@ __all__ = ["GPU_LABELS", "METRICS", "NVMON_GPU_LABELS", "NVMON_LABEL_NAMES", "PR
 
 # nvmon's own per-GPU families (`nvmon_gpu_*`) carry the GPU label set with `modelName` spelled
 # `model_name`, so that `promtool check metrics` passes on every `nvmon_*` family (its lint wants
-# snake_case). `UUID` and `Hostname` stay as dcgm-exporter spells them: they are the keys that
+# snake_case). `UUID` (and `Hostname` in the 4.8.2 line) stay as dcgm-exporter spells them: they are the keys that
 # join nvmon_* with DCGM_* series, and promtool accepts them (no lower-case letter before a capital).
 NVMON_LABEL_NAMES = {"modelName": "model_name"}
 NVMON_GPU_LABELS = tuple(NVMON_LABEL_NAMES.get(n, n) for n in GPU_LABELS)
 
 
-def labels_of(family: Family) -> tuple[str, ...]:
-    """The label names a family's series carry: its scope's set, then its own labels."""
+def labels_of(family: Family, compat: Line | None = None) -> tuple[str, ...]:
+    """The label names a family's series carry under a dcgm-exporter line (default: the default
+    line): its scope's set, the line's driver label on DCGM_* per-GPU series, then its own labels."""
+    compat = compat or line()
     own_gpu = family.scope == "GPU" and family.name.startswith("nvmon_")
-    return (*(NVMON_GPU_LABELS if own_gpu else SCOPE_LABELS[family.scope]), *family.labels)
+    scope = tuple(map(compat.label, NVMON_GPU_LABELS if own_gpu else SCOPE_LABELS[family.scope]))
+    if family.scope == "GPU" and not own_gpu and compat.driver_label:
+        scope += (compat.driver_label,)
+    return (*scope, *family.labels)
 
 # prometheus_client's ProcessCollector (Linux /proc): the daemon's own CPU, memory and files.
 PROCESS_METRICS = (

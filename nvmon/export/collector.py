@@ -23,9 +23,11 @@ from prometheus_client.samples import Sample as PromSample
 from nvmon.audit import RULES, Judge
 from nvmon.audit import _is_active as ib_port_up  # one definition of a working port
 from nvmon.catalog import BY_NAME, FAMILIES, getter
+from nvmon.catalog.compat import Line, line
 from nvmon.export.catalog import METRICS, NVMON_LABEL_NAMES
 from nvmon.export.exposition import Labels
 from nvmon.model import IB_ERROR_KINDS, NVLINK_ERROR_KINDS, GpuSample, Sample, fabric_flags
+from nvmon.xid import XIDS
 
 TOPOLOGY_CLASSES = ("nvswitch", "mesh", "pairs", "partial", "none", "unknown")
 VERDICTS = ("ok", "warning", "critical", "unknown")
@@ -217,8 +219,12 @@ class _Families:
 class SampleCollector(Collector):
     """A `prometheus_client` collector over one snapshot (`snapshot`, set before each collect)."""
 
-    def __init__(self, *, judge: Judge, node_info: Mapping[str, str], health: Callable[[], DaemonHealth | None]):
+    def __init__(self, *, judge: Judge, node_info: Mapping[str, str], health: Callable[[], DaemonHealth | None],
+                 compat: Line | None = None):
         from nvmon.model import THROTTLE_BITS
+
+        self.compat = compat or line()  # the dcgm-exporter line the page copies ([prometheus] dcgm_compat)
+        self._host = self.compat.host_label
 
         self.judge = judge  # the daemon's: its alerts and this page agree
         self.node_info = dict(node_info)
@@ -247,12 +253,15 @@ class SampleCollector(Collector):
             return []
         f = _Families()
         s = snap.sample
-        node = self._root((("Hostname", s.node),))
+        host = self._host
+        node = self._root(((host, s.node),))
         self._node(f, s, node)
         gpu_labels = {}
+        driver = ((self.compat.driver_label, s.nvml.driver_version or ""),) if self.compat.driver_label else ()
         for g in s.gpus:
-            pairs = gpu_label_pairs(g, s.node)
-            lab, own = self._root(pairs), self._root(nvmon_label_pairs(pairs))  # DCGM_* / nvmon_* labels
+            pairs = gpu_label_pairs(g, s.node, host)
+            own = self._root(nvmon_label_pairs(pairs))  # nvmon_* labels
+            lab = self._root(pairs + driver)  # DCGM_* labels: dcgm-exporter's driver label too
             gpu_labels[g.index] = own
             self._gpu(f, snap, g, lab, own)
         self._ib(f, snap, node)
@@ -260,11 +269,13 @@ class SampleCollector(Collector):
         self._topology(f, s, node, gpu_labels)
         self._audit(f, s, node)
         self._daemon(f, node)
+        if not self.compat.dcgm:
+            return [m for m in f.families if m.samples and not m.name.startswith("DCGM_")]
         return [m for m in f.families if m.samples]
 
     def _node(self, f: _Families, s: Sample, node: Labels) -> None:
         info = self._root((
-            ("Hostname", s.node), *((k, self.node_info.get(k, "")) for k in ("cluster", "rack", "version")),
+            (self._host, s.node), *((k, self.node_info.get(k, "")) for k in ("cluster", "rack", "version")),
             ("driver_version", s.nvml.driver_version or ""), ("nvml_version", s.nvml.nvml_version or "")))
         f.add("nvmon_node_info", info, 1)
         f.add("nvmon_nvml_up", node, int(s.nvml.available))
@@ -278,7 +289,9 @@ class SampleCollector(Collector):
             if value is not None:
                 add(name, own if nvmon else lab, value if divisor is None else value / divisor)
         add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lab, None if g.energy_j is None else round(g.energy_j * 1000))
-        add("DCGM_FI_DEV_XID_ERRORS", lab, snap.last_xid.get(g.index, 0) if snap.sample.nvml.available else None)
+        if snap.sample.nvml.available:
+            xid = snap.last_xid.get(g.index, 0)  # err_code / err_msg as dcgm-exporter labels the value
+            add("DCGM_FI_DEV_XID_ERRORS", lab.with_("err_code", str(xid)).with_("err_msg", xid_text(xid)), xid)
         if g.throttle_reasons is not None and not g.lost:
             mask = 0
             active = set(g.throttle_reasons)
@@ -312,7 +325,8 @@ class SampleCollector(Collector):
         if known is not None and known[0] is lab and known[1] == ids:
             lls = known[2]
         else:
-            short = self._root((("gpu", lab["gpu"]), ("UUID", lab["UUID"]), ("Hostname", lab["Hostname"])))
+            host = self._host
+            short = self._root((("gpu", lab["gpu"]), ("UUID", lab["UUID"]), (host, lab[host])))
             lls = tuple(short.with_("link", str(i)) for i in ids)
             self._link_labels[g.index] = (lab, ids, lls)
         actives, speeds, errors = list(map(_ACTIVE, links)), list(map(_SPEED, links)), list(map(_ERRORS, links))
@@ -430,8 +444,16 @@ def nvmon_label_pairs(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, st
     return tuple((NVMON_LABEL_NAMES.get(k, k), v) for k, v in pairs)
 
 
-def gpu_label_pairs(g: GpuSample, hostname: str) -> tuple[tuple[str, str], ...]:
+def gpu_label_pairs(g: GpuSample, hostname: str, host_label: str = "hostname") -> tuple[tuple[str, str], ...]:
     """dcgm-exporter's labels for a GPU, in its order (`device` is "nvidia" + the NVML index)."""
     i = str(g.index)
     return (("gpu", i), ("UUID", g.uuid or ""), ("pci_bus_id", g.pci_bus_id or ""), ("device", f"nvidia{i}"),
-            ("modelName", g.name or ""), ("Hostname", hostname))
+            ("modelName", g.name or ""), (host_label, hostname))
+
+
+def xid_text(xid: int) -> str:
+    """`err_msg` of DCGM_FI_DEV_XID_ERRORS: dcgm-exporter's "No Error" for 0, NVIDIA's name of the
+    Xid where nvmon.xid has it, else dcgm-exporter's "Unknown Error"."""
+    if xid == 0:
+        return "No Error"
+    return XIDS[xid][0] if xid in XIDS else "Unknown Error"

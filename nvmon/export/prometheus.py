@@ -29,6 +29,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from nvmon.audit import Judge, Thresholds
+from nvmon.catalog.compat import Line
 from nvmon.export.collector import DaemonHealth, SampleCollector, Snapshot, advance
 from nvmon.export.exposition import exposition
 from nvmon.export.server import MetricsServer
@@ -62,12 +63,13 @@ class PrometheusExporter:
 
     def __init__(self, listen: str, *, node_spec: NodeSpec = NodeSpec(), thresholds: Thresholds = Thresholds(),
                  judge: Judge | None = None, node_info: Mapping[str, str] = {},
-                 health: Callable[[], DaemonHealth | None] = lambda: None, process_metrics: bool = True):
+                 health: Callable[[], DaemonHealth | None] = lambda: None, process_metrics: bool = True,
+                 compat: Line | None = None):
         """`judge`: the daemon's shared audit (its spec and `[alerts]` thresholds), so that
         `nvmon_audit_findings` is what its alerts see; without one, `node_spec` and `thresholds`."""
         self.listen = listen
         self.collector = SampleCollector(judge=judge or Judge(node_spec, thresholds), node_info=node_info,
-                                         health=health)
+                                         health=health, compat=compat)  # compat: the dcgm-exporter line
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         if process_metrics:
