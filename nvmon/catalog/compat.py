@@ -9,9 +9,9 @@ nvmon.catalog.families, the same in both lines below.
 
 Verified against NVIDIA/dcgm-exporter's git history (docs/prometheus.md, "Compatibility lines"):
 up to tag 4.5.3-4.8.2 the per-GPU template writes `Hostname=`; commit d5e5f51 (#655, 2026-05-12,
-"Rename Hostname label to hostname") changed it, first released in 4.6.0-4.8.3. The 4.9.0 and
-4.10.0 renames (units in base units, `..._BYTES_PER_SECOND`) could not be checked (no tag nor
-release note of them was available), so no line claims them.
+"Rename Hostname label to hostname") changed it, first released in 4.6.0-4.8.3. 4.9.0 renames 23
+fields (new units) and 4.10.0 four more, by their release notes; the 23 names themselves (their
+tag's etc/default-counters.csv) could not be read, so no line claims them.
 """
 
 from __future__ import annotations
