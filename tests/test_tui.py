@@ -155,8 +155,10 @@ async def test_alerts_screen_ack_silence_and_open():
         assert isinstance(app.screen, AlertsScreen)
         t = app.screen.query_one(DataTable)
         sev = column_plain(t, "sev")
-        assert sev[0] == "✗ crit" and all(s == "⚠ warn" for s in sev[1:])
+        assert sev[:2] == ["✗ crit"] * 2 and all(s == "⚠ warn" for s in sev[2:])
         assert column_plain(t, "node")[0] == "sim-005" and column_plain(t, "code")[0] == "nvlink.link_down"
+        # the lost node: the fleet rules' node.offline, judged by the engine nvmon fleet runs
+        assert (column_plain(t, "node")[1], column_plain(t, "code")[1]) == (f"sim-{OFFLINE:03d}", "node.offline")
         hint = plain(app.screen.query_one("#alerts-hint", Static))
         assert "runbook:" in hint and "nvidia-smi nvlink" in hint
         await pilot.press("k")
@@ -305,11 +307,11 @@ def test_cli_errors_are_one_line(monkeypatch):
     from nvmon.cli.tui import tui_command
 
     r = CliRunner().invoke(tui_command, ["--broker", "http://example"])
-    assert r.exit_code == 1 and "expected mqtt://HOST:PORT" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "expected mqtt://HOST:PORT" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(tui_command, ["--cluster", "bad/name"])
     assert r.exit_code == 2 and "1-64 characters" in r.output
     r = CliRunner().invoke(tui_command, ["--broker", "mqtt://h", "--ca-file", "x.pem"])
-    assert r.exit_code == 1 and "TLS options need an mqtts:// URL" in r.output
+    assert r.exit_code == 2 and "TLS options need an mqtts:// URL" in r.output
     monkeypatch.setenv("NVMON_BROKER", "mqtt://broker.example:1884")
     seen = {}
     monkeypatch.setattr("nvmon.tui.app.NvmonApp.run", lambda self: seen.update(url=self.settings.url))

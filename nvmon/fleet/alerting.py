@@ -55,6 +55,15 @@ class _PlaceRules:
         self.cluster, self.node, self.rack, self.labels = ident.cluster, ident.node, ident.rack, dict(ident.labels)
 
 
+MIN_SETTLE_S = 2.0
+
+
+def blind_now(connected: bool, since: float | None, max_interval_s: float, now: float) -> bool:
+    """Whether the fleet cannot be judged now: not connected, or connected for less than the settle
+    time (retained statuses come at once, samples within an interval). Shared by nvmon fleet and the TUI."""
+    return not connected or since is None or now - since < max(MIN_SETTLE_S, 2 * max_interval_s)
+
+
 def _hold_all(r: AlertRecord) -> bool:
     return True
 

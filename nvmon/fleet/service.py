@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from nvmon.aio import raise_if_cancelled
 from nvmon.alerts.hooks import HookConfig, check_hooks
 from nvmon.alerts.settings import AlertsSettings
+from nvmon.fleet.alerting import blind_now
 from nvmon.fleet.rules import FleetSettings
 from nvmon.tomlfile import TomlFileError, read_toml
 from nvmon.tomlfile import validation_line as _one_line
@@ -43,7 +44,6 @@ log = logging.getLogger("nvmon.fleet")
 DEFAULT_CONFIG = Path("/etc/nvmon/fleet.toml")
 NODE_TABLES = ("node", "sampling", "store", "expect", "prometheus")  # a node's config: accepted, unused
 POLL_S = 0.1  # how often a status change is looked for (a will pages this fast after it arrives)
-MIN_SETTLE_S = 2.0
 
 
 class FleetConfigError(Exception):
@@ -173,7 +173,6 @@ async def _evaluate_loop(alerts, state, sub, clock) -> None:
         next_at = mono + 1.0
         now = clock()
         s = sub.status
-        settle = max(MIN_SETTLE_S, 2 * alerts.rules.max_interval_s)
-        blind = not s.connected or s.since is None or now - s.since < settle
+        blind = blind_now(s.connected, s.since, alerts.rules.max_interval_s, now)
         alerts.evaluate(state, now, blind=blind)
 

@@ -2,7 +2,9 @@
 
 Nodes publish their full active set (`alerts`, retained). An alert that leaves a node's set was
 resolved; `AlertLog` notices that by comparing each changed node's set with the one it saw before,
-and keeps the most recent `keep` resolutions.
+and keeps the most recent `keep` resolutions. What no node can say of itself (node.offline,
+node.stale, rack.power, fleet.same_fault) comes from the app's FleetAlerts, the engine and rules
+`nvmon fleet` runs, judged over the same state (`fleet_sync`).
 
 Acks and silences: `shared_marks` judges each active alert against the clusters' shared sets
 (`nvmon/v1/<cluster>/@controls`, kept by a `SharedControls`) with the engine's own rules: an ack
@@ -19,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from nvmon.codes import Severity
+from nvmon.alerts.engine import wire_alert
 from nvmon.alerts.model import AlertRecord, Silence
 from nvmon.alerts.shared import SharedControls, ack_key, engine_controls
 from nvmon.fleet.state import FleetState, NodeKey
@@ -43,11 +46,17 @@ def alert_record(key: NodeKey, rack: str | None, a: Alert) -> AlertRecord:
                        labels=dict(a.labels))
 
 
+def fleet_key(r: AlertRecord) -> NodeKey:
+    """Where a fleet alert is listed: its node, else its rack, else the cluster as a whole."""
+    return (r.cluster, r.node if r.node else f"rack {r.rack}" if r.rack else "fleet")
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
-    key: NodeKey
+    key: NodeKey  # a fleet alert about a rack or a fault: (cluster, "rack R" / "fleet")
     alert: Alert
     resolved_at: float | None = None  # None: active
+    fleet: bool = False  # judged by the fleet rules (node.offline, node.stale, ...), not published by a node
 
     @property
     def ident(self) -> str:
@@ -62,6 +71,7 @@ class AlertLog:
         self.acked: set[str] = set()  # local marks (Row.ident)
         self.silenced: set[str] = set()
         self._index: dict[str, tuple[ControlSet, dict, list[Silence], float]] = {}  # per cluster, by set and now
+        self.fleet: list[Row] = []  # the fleet rules' active alerts (fleet_sync)
 
     def shared_marks(self, rows: list[Row], controls: SharedControls | None, state: FleetState,
                      now: float) -> dict[str, Shared]:
@@ -126,10 +136,19 @@ class AlertLog:
             else:
                 self._seen.pop(key, None)
 
+    def fleet_sync(self, active: list[AlertRecord], transitions, now: float) -> None:
+        """The fleet rules' alerts (the app's FleetAlerts: the engine `nvmon fleet` runs) as rows,
+        and the ones that resolved after paging into the log of resolutions."""
+        self.fleet = [Row(fleet_key(r), wire_alert(r), fleet=True) for r in active]
+        for tr in transitions:
+            r = tr.record
+            if r.status == "resolved" and r.fired_at is not None:
+                self.resolved.appendleft(Row(fleet_key(r), wire_alert(r), now, fleet=True))
+
     @staticmethod
-    def active(state: FleetState) -> list[Row]:
-        """Every active alert, most severe first, then oldest, then by node."""
+    def active(state: FleetState, fleet: list[Row] = ()) -> list[Row]:
+        """Every active alert (the nodes' own, then `fleet`'s), most severe first, then oldest, then by node."""
         rows = [Row(view.key, a) for view in state.nodes.values() if view.alerts is not None
-                for a in view.alerts.alerts]
+                for a in view.alerts.alerts] + list(fleet)
         rows.sort(key=lambda r: (Severity.rank_of(r.alert.severity), r.alert.since, r.key, r.alert.fingerprint))
         return rows

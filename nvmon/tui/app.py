@@ -5,6 +5,8 @@ feeding the state; without them it shows the state it was given (tests, snapshot
 The same connection reads the clusters' shared acks and silences (`nvmon/v1/<cluster>/@controls`)
 into `controls` (a `SharedControls`: the last good set per cluster; refused messages count in the
 header's drops), which the alerts screen shows. The `FleetState` never sees them.
+The fleet rules (`FleetAlerts`, the engine `nvmon fleet` runs) are judged over the same state on each
+redraw, so a dead node is on the alerts screen and in the header's alert count.
 Either way one timer (`refresh_s`, 1 s) redraws: it sets `header_info` (a reactive the headers
 watch) and asks the active screen to `refresh_data(now)`, which draws only what changed since
 that screen's last look (`FleetState.changed_since`). Nothing is pushed from the subscriber to
@@ -27,6 +29,8 @@ from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
 from nvmon.alerts.shared import SharedControls
+from nvmon.fleet.alerting import FleetAlerts, blind_now
+from nvmon.fleet.rules import FleetRules, FleetSettings
 from nvmon.fleet.state import FleetState, NodeKey
 from nvmon.fleet.subscriber import FleetSubscriber
 from nvmon.tui.alertlog import AlertLog
@@ -65,6 +69,10 @@ class NvmonApp(App):
         self.source = source or (settings.url if settings is not None else "local state")
         self.rack_budget_w = rack_budget_kw * 1000 if rack_budget_kw else None
         self.alert_log = AlertLog()
+        # What no node can say of itself (offline, stale, rack power, one fault on many nodes): the
+        # rules and engine nvmon fleet runs, over this view's state, in memory only (no hooks).
+        self.fleet_alerts = FleetAlerts(FleetRules(FleetSettings(
+            stale_after_intervals=max(1.0, self.state.stale_factor), rack_budget_kw=rack_budget_kw)), clock=clock)
         self.subscriber_error: str | None = None
 
     def now(self) -> float:
@@ -92,6 +100,7 @@ class NvmonApp(App):
 
     def refresh_data(self) -> None:
         now = self.clock()
+        self._judge(now)
         self.header_info = self._header(now)
         self.alert_log.sync(self.state, now)
         screen = self.screen if self.screen_stack else None
@@ -99,6 +108,12 @@ class NvmonApp(App):
         # A screen just pushed is on top before its widgets exist: it draws itself in on_mount.
         if refresh is not None and screen.is_mounted:
             refresh(now)
+
+    def _judge(self, now: float) -> None:
+        fa, sub = self.fleet_alerts, self.subscriber
+        blind = sub is not None and blind_now(sub.status.connected, sub.status.since, fa.rules.max_interval_s, now)
+        transitions = fa.evaluate(self.state, now, blind=blind)
+        self.alert_log.fleet_sync(fa.active(), transitions, now)
 
     def _header(self, now: float) -> HeaderInfo:
         st = self.state
@@ -108,7 +123,9 @@ class NvmonApp(App):
         refused = self.controls.malformed if self.controls is not None else 0  # control messages
         info = HeaderInfo(source=self.source, cluster=self.cluster, nodes=len(st.nodes), online=counts["online"],
                           stale=counts["stale"], offline=counts["offline"], dropped=stats.dropped + refused,
-                          last_drop=stats.last_drop, fresh_s=None if newest is None else max(0.0, now - newest))
+                          last_drop=stats.last_drop, fresh_s=None if newest is None else max(0.0, now - newest),
+                          alerts=len(self.alert_log.fleet) + sum(len(v.alerts.alerts) for v in st.nodes.values()
+                                                                 if v.alerts is not None))
         sub = self.subscriber
         if sub is None:
             return info

@@ -99,7 +99,7 @@ class AlertsScreen(Screen):
         log: AlertLog = self.app.alert_log
         controls = getattr(self.app, "controls", None)
         self._show_title(controls, now)
-        rows = AlertLog.active(self.app.state) + list(log.resolved)
+        rows = AlertLog.active(self.app.state, log.fleet) + list(log.resolved)
         self._marks = log.shared_marks(rows, controls, self.app.state, now)
         shown = [self._cells(r, now, log) for r in rows]
         if shown == self._shown:
@@ -235,6 +235,12 @@ class AlertsScreen(Screen):
         cluster, node = r.key
         a, now = r.alert, self.app.now()
         by = getpass.getuser()
+        if r.fleet and (which == "ack" or (cluster, node) not in self.app.state.nodes):
+            # This view's episode of a fleet alert starts when the view first judged it, not when
+            # nvmon fleet's did: an ack would name neither. A node's fleet alert can be silenced.
+            self.notify(f"{a.code} is a fleet alert: {which} it with nvmon alerts {which} --broker (see nvmon alerts)",
+                        title=which, severity="error", markup=False)
+            return
         if which == "ack":
             if a.starts_at is None:
                 self.notify(f"{node} does not publish episode starts (an older nvmon): ack it on the node",

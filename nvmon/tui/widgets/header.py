@@ -33,6 +33,7 @@ class HeaderInfo:
     lost_for_s: float | None = None
     error: str | None = None
     connecting: bool = False  # no connection attempt has finished yet
+    alerts: int | None = None  # active alerts: the nodes' own and the fleet rules'
 
 
 def _rate(r: float) -> str:
@@ -53,6 +54,9 @@ def info_text(info: HeaderInfo, title: str) -> Text:
     line.append(f"{SYMBOL[OK]}{info.online} ", OK)
     line.append(f"{SYMBOL[WARN]}{info.stale} ", WARN if info.stale else DIM)
     line.append(f"{SYMBOL[BAD]}{info.offline}", BAD if info.offline else DIM)
+    if info.alerts is not None:
+        line.append("  │ ", DIM)
+        line.append(f"alerts {info.alerts}", WARN if info.alerts else DIM)
     if info.rate_per_s is not None:
         line.append("  │ ", DIM)
         line.append(f"{_rate(info.rate_per_s)} msg/s")
