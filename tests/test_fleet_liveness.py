@@ -4,9 +4,14 @@ headless node list, and forgetting a decommissioned node."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 import time
 
-from mqtt_broker import Broker, needs_mosquitto, wait_until
+from mqtt_broker import Broker, Recorder, needs_mosquitto, wait_until
+from test_fleet_service import Proc, fleet, fleet_config, pages
 from textual.widgets import DataTable, Static
 from tuifleet import column_plain, plain
 
@@ -72,3 +77,83 @@ async def test_tui_started_late_shows_true_ages_and_the_fleet_rules_alerts(tmp_p
             await wait_until(lambda: set(alert_rows(app)) == {("stopped", "node.offline")}, 10, "dead forgotten")
             assert ("lv", "dead") not in app.state.nodes and not app.alert_log.resolved
             assert "alerts 1" in plain(app.screen.query_one("#info", Static))
+
+
+def nvmon(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nvmon", *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, **kw)
+
+
+async def test_nodes_lists_liveness_and_forget_clears_a_dead_node(tmp_path):
+    node_cfg = tmp_path / "node.toml"
+    node_cfg.write_text(f'[node]\ncluster = "{C}"\nrack = "r7"\n')
+    with Broker(tmp_path) as broker:
+        await retain(broker.url, dead_fleet(time.time()))
+        daemon = Proc(tmp_path, "live", "daemon", "--config", str(node_cfg), "--broker", broker.url, "--db",
+                      str(tmp_path / "live.db"), "--node", "live", "--sim", "hgx-h100", "--interval", "0.5").start()
+        try:
+            async with Recorder(broker.url, f"nvmon/v1/{C}/live/sample") as rec:
+                await rec.wait_for("sample", timeout=20)
+            r = nvmon("nodes", "--broker", broker.url, "--cluster", C, "--json", "--settle", "1.5")
+            assert r.returncode == 0, r.stderr
+            rows = {n["node"]: n for n in json.loads(r.stdout)}
+            assert set(rows) == {"live", "stopped", "dead"}
+            live, stopped, dead = rows["live"], rows["stopped"], rows["dead"]
+            assert (live["liveness"], live["rack"], live["age_exact"]) == ("online", "r7", True)
+            assert live["version"] and live["age_s"] < 2
+            assert (stopped["liveness"], stopped["reason"], stopped["age_exact"]) == ("offline", "stopped", True)
+            assert 1200 <= stopped["age_s"] < 1230
+            assert (dead["liveness"], dead["reason"], dead["age_exact"]) == ("offline", "lost", False)
+            assert 360 <= dead["age_s"] < 390
+            table = nvmon("nodes", "--broker", broker.url, "--cluster", C, "--settle", "1")
+            assert table.returncode == 0, table.stderr
+            lines = table.stdout.splitlines()
+            assert lines[0].split() == ["NODE", "RACK", "LIVENESS", "AGE", "VERSION", "ALERTS"] and len(lines) == 4
+            assert any(ln.split()[:4] == ["dead", "-", "offline", "(lost)"] and "≤6m" in ln for ln in lines)
+
+            # A live node is refused; without a terminal, --yes is needed; then the dead one goes.
+            r = nvmon("forget", "live", "--broker", broker.url, "--cluster", C, "--yes", "--settle", "1")
+            assert r.returncode == 1 and r.stderr.startswith("nvmon: live: still alive") and "\n" == r.stderr[-1:]
+            assert len(r.stderr.splitlines()) == 1
+            r = nvmon("forget", "dead", "--broker", broker.url, "--cluster", C, "--settle", "1")
+            assert r.returncode == 1 and "add --yes" in r.stderr and len(r.stderr.splitlines()) == 1
+            r = nvmon("forget", "dead", "--broker", broker.url, "--cluster", C, "--yes", "--settle", "1")
+            assert r.returncode == 0, r.stderr
+            assert f"forgot dead in cluster {C}" in r.stdout
+            r = nvmon("nodes", "--broker", broker.url, "--cluster", C, "--json", "--settle", "1")
+            assert {n["node"] for n in json.loads(r.stdout)} == {"live", "stopped"}
+            async with Recorder(broker.url, f"nvmon/v1/{C}/dead/+") as rec:
+                await asyncio.sleep(0.5)
+                assert rec.messages == []  # nothing retained is left of it
+        finally:
+            daemon.kill()
+
+
+def test_nodes_and_forget_bad_input_is_one_line(tmp_path):
+    r = nvmon("nodes", "--broker", "mqtt://127.0.0.1:1", "--settle", "0.5")
+    assert r.returncode == 1 and r.stderr.startswith("nvmon: broker mqtt://127.0.0.1:1") and \
+        len(r.stderr.splitlines()) == 1, r.stderr
+    r = nvmon("forget", "bad/name", "--cluster", "c", "--yes")
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "bad/name" in r.stderr
+
+
+async def test_nvmon_fleet_started_late_pages_true_ages_and_forget_ends_without_a_page(tmp_path):
+    cfg, out = fleet_config(tmp_path)
+    with Broker(tmp_path) as broker:
+        await retain(broker.url, dead_fleet(time.time()))
+        f = fleet(tmp_path, broker.url, C, cfg, tmp_path / "fleet.db").start()
+        try:
+            await wait_until(lambda: len(pages(out)) >= 2, 15, "two node.offline pages")
+            got = {p["alert"]["node"]: p["alert"] for p in pages(out)}
+            assert "offline for 20 min: stopped cleanly" in got["stopped"]["summary"]
+            assert "offline for up to 6 min: connection lost" in got["dead"]["summary"]
+            r = nvmon("forget", "dead", "--broker", broker.url, "--cluster", C, "--yes", "--settle", "1")
+            assert r.returncode == 0, r.stderr
+            await wait_until(lambda: "fleet alert forgotten" in f.text(), 10, "the forgotten alert logged")
+            await asyncio.sleep(1.5)
+            assert len(pages(out)) == 2  # no resolved page for the forgotten node
+            rc, _ = f.stop()
+            assert rc == 0, f.text()
+        finally:
+            if f.proc.poll() is None:
+                f.kill()

@@ -31,11 +31,12 @@ def _register_subcommands() -> None:
     from nvmon.cli.history import history_command
     from nvmon.cli.hooks import hooks_group
     from nvmon.cli.node import audit, daemon, profiles, sample
+    from nvmon.cli.nodes import forget_command, nodes_command
     from nvmon.cli.simfleet import sim_fleet_command
     from nvmon.cli.tui import tui_command
 
     for command in (sample, audit, daemon, profiles, alerts_command, demo_command, history_command, hooks_group,
-                    fleet_command, sim_fleet_command, tui_command):
+                    fleet_command, sim_fleet_command, tui_command, nodes_command, forget_command):
         cli.add_command(command)
 
 
