@@ -60,7 +60,7 @@ def _client_id(what: str) -> str:
     return f"nvmon-{what}-{os.getpid()}-{os.urandom(2).hex()}"
 
 
-async def read_fleet(settings, cluster: str | None, settle_s: float, node: str | None = None):
+async def read_fleet(settings, cluster: str | None, settle_s: float):
     """A FleetState fed with what the broker sends within `settle_s` of subscribing."""
     from nvmon.fleet.state import FleetState
     from nvmon.wire.contract import subscription
@@ -68,7 +68,7 @@ async def read_fleet(settings, cluster: str | None, settle_s: float, node: str |
 
     state = FleetState()
     async with make_client(settings, client_id=settings.client_id or _client_id("nodes")) as client:
-        await client.subscribe(subscription(cluster, node), qos=1)
+        await client.subscribe(subscription(cluster), qos=1)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settle_s
         try:
@@ -160,7 +160,8 @@ def nodes_command(broker: str | None, config_path: Path | None, cluster: str | N
 @click.option("--cluster", required=True, callback=check_cluster, help="The nodes' cluster.")
 @_settle_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@click.option("--force", is_flag=True, help="Forget a node even though it looks alive (its daemon would publish again).")
+@click.option("--force", is_flag=True,
+              help="Forget a node even though it looks alive (its daemon would publish again).")
 def forget_command(nodes: tuple[str, ...], broker: str | None, config_path: Path | None, cluster: str,
                    settle_s: float, yes: bool, force: bool) -> None:
     """Forget decommissioned NODEs: clear their retained status, inventory and alerts topics on the
