@@ -164,17 +164,20 @@ def test_ack_by_prefix_and_silence_then_list(store):
     assert cli("unsilence", "1", "--db", path).exit_code == 1
 
 
-@pytest.mark.parametrize("args", [
-    ["ack", "xyz"],
-    ["ack", "abcdef12"],
-    ["silence", "--match", "node", "--for", "1h"],
-    ["silence", "--match", "no de=x", "--for", "1h"],
-    ["silence", "--match", "node=x", "--for", "soon"],
+@pytest.mark.parametrize("args,code", [
+    (["ack", "xyz"], 2),
+    (["ack", "abcdef12"], 1),  # well formed, not there: not a usage error
+    (["silence", "--match", "node", "--for", "1h"], 2),
+    (["silence", "--match", "no de=x", "--for", "1h"], 2),
+    (["silence", "--match", "node=x", "--for", "soon"], 2),
 ])
-def test_bad_input_is_one_line(store, args):
+def test_bad_input_is_one_line(store, args, code):
+    """Bad usage: exit 2 and `<command>: <message>`; could not do it: exit 1 and `nvmon: <message>`
+    (nvmon/cli/common.py)."""
     store.close()
     r = cli(*args, "--db", str(store.path))
-    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("nvmon: "), r.output
+    prefix = f"alerts {args[0]}: " if code == 2 else "nvmon: "
+    assert r.exit_code == code and r.stderr.count("\n") == 1 and r.stderr.startswith(prefix), r.output
 
 
 def test_missing_database_is_one_line(tmp_path):

@@ -39,9 +39,9 @@ def silences(path) -> list[str]:
 
 def test_a_misspelt_key_is_one_line_and_writes_nothing(db):
     r = nvmon("alerts", "--db", str(db), "silence", "--match", "nod=gpu-01", "--for", "1h")
-    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""  # bad usage
     assert r.stderr.splitlines() == [
-        "nvmon: --match nod=…: unknown key (did you mean node?); use a field (fingerprint, code, severity, status, "
+        "nvmon alerts silence: --match nod=…: unknown key (did you mean node?); use a field (fingerprint, code, severity, status, "
         "cluster, rack, node, gpu, link, device, port), a label (labels seen here: team), or label.nod=… for a "
         "label not seen yet"]
     assert silences(db) == []

@@ -165,16 +165,41 @@ def test_sim_fleet_that_never_publishes_fails(tmp_path):
 
 
 def test_a_password_in_the_broker_url_is_never_echoed(tmp_path):
+    """As --broker: bad usage (exit 2, `nvmon <command>: `); in a config file: exit 1."""
     cfg = tmp_path / "c.toml"
+    commands = (["tui"], ["sim-fleet", "--seconds", "1"], ["fleet", "--db", str(tmp_path / "f.db")],
+                ["daemon", "--sim", "hgx-h100", "--db", str(tmp_path / "d.db")],
+                ["alerts", "silences", "--cluster", "c"])
     for url in ("mqtt://bob:s3cret@h:1883", "mqtts://bob:s3/cr@t@h"):
         cfg.write_text(f'[mqtt]\nbroker = "{url}"\n')
-        runs = [nvmon(tmp_path, *cmd, "--broker", url) for cmd in
-                (["tui"], ["sim-fleet", "--seconds", "1"], ["fleet", "--db", str(tmp_path / "f.db")],
-                 ["daemon", "--sim", "hgx-h100", "--db", str(tmp_path / "d.db")],
-                 ["alerts", "silences", "--cluster", "c"])]
-        runs += [nvmon(tmp_path, "fleet", "--config", str(cfg), "--db", str(tmp_path / "f.db")),
-                 nvmon(tmp_path, "daemon", "--sim", "hgx-h100", "--config", str(cfg), "--db", str(tmp_path / "d.db"))]
-        for r in runs:
+        for cmd in commands:
+            r = nvmon(tmp_path, *cmd, "--broker", url)
+            assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+            assert r.stderr.startswith(f"nvmon {cmd[0]}") and "no credentials in the URL" in r.stderr, r.stderr
+            assert "s3" not in r.stderr and "***@h" in r.stderr, r.stderr
+        for cmd in commands[2:4]:
+            r = nvmon(tmp_path, *cmd, "--config", str(cfg))
             assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
-            assert "no credentials in the URL" in r.stderr and "s3" not in r.stderr, r.stderr
+            assert r.stderr == f"nvmon: {cfg}: mqtt.broker: no credentials in the URL; use username and password_file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_usage_errors_exit_2_with_the_command_and_failures_exit_1(tmp_path):
+    """One convention (nvmon/cli/common.py): bad usage `nvmon <command>: …` exit 2, click's own
+    usage errors included; could not do it `nvmon: …` exit 1; audit 3 (Nagios UNKNOWN)."""
+    cases = [
+        (["tui", "--broker", "http://x"], 2, "nvmon tui: Invalid value for '--broker': broker URL 'http://x': "),
+        (["sample", "--sim", "hgx-h999"], 2, "nvmon sample: --sim: unknown board profile 'hgx-h999'"),
+        (["daemon", "--sim", "hgx-h999"], 2, "nvmon daemon: --sim: unknown board profile 'hgx-h999'"),
+        (["daemon", "--interval", "0"], 2, "nvmon daemon: --interval: "),
+        (["alerts", "ack", "xyz"], 2, "nvmon alerts ack: fingerprint 'xyz': give its hex digits"),
+        (["alerts", "silence", "--match", "node=x"], 2, "nvmon alerts silence: Missing option '--for'"),
+        (["sim-fleet", "--fault", "30=ib_down=1"], 2, "nvmon sim-fleet: --fault 30=ib_down=1: node index must be"),
+        (["fleet", "--frobnicate"], 2, "nvmon fleet: No such option '--frobnicate'"),
+        (["alerts", "--db", str(tmp_path / "none.db")], 1, f"nvmon: database {tmp_path / 'none.db'}: not found"),
+        (["audit", "--expect-ib", "eight"], 3, "nvmon: --expect-ib: 'eight': expected PORTSxGBPS"),
+    ]
+    for args, code, start in cases:
+        r = nvmon(tmp_path, *args)
+        assert r.returncode == code and len(r.stderr.splitlines()) == 1, (args, r.returncode, r.stderr)
+        assert r.stderr.startswith(start) and "Traceback" not in r.stderr and r.stdout == "", (args, r.stderr)

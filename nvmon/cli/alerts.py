@@ -27,8 +27,8 @@ from pathlib import Path
 import click
 
 from nvmon.alerts.model import MATCH_FIELDS, AlertRecord, Silence, iso
-from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError, check_broker_files,
-                              load_fleet_config, mqtt_settings, resolve_db)
+from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError, NvmonUsageError,
+                              check_broker, check_broker_files, load_fleet_config, mqtt_settings, resolve_db)
 from nvmon.store.errors import StoreError, describe
 
 RECENT_S = 86400.0  # resolved alerts shown without --all
@@ -148,7 +148,7 @@ def _share_options(f=None, *, listing: bool = False):
     f = click.option("--config", "config_path", default=None, metavar="PATH",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="A daemon or fleet TOML config: its [mqtt] broker and credentials, its cluster.")(f)
-    return click.option("--broker", default=None, metavar="URL",
+    return click.option("--broker", default=None, metavar="URL", callback=check_broker,
                         help="Also list the shared ones retained on this broker (mqtt://HOST[:PORT] or "
                              "mqtts://…), on nvmon/v1/<cluster>/@controls." if listing
                         else "Also share it on this broker (mqtt://HOST[:PORT] or mqtts://…), "
@@ -166,7 +166,7 @@ class _Share:
             cfg = load_fleet_config(config_path)
             m, cfg_cluster = cfg.mqtt, cfg.node.get("cluster") or cfg.fleet.cluster
         if cluster is not None and not valid_name(cluster):
-            raise NvmonError(f"--cluster {cluster[:80]!r}: {NAME_HINT}")
+            raise NvmonUsageError(f"--cluster {cluster[:80]!r}: {NAME_HINT}")
         self.cluster = cluster or (cfg_cluster if valid_name(cfg_cluster) else None)
         url = broker or (m.broker if m is not None else None)
         self.settings = mqtt_settings(url, m) if url else None  # the table's keepalive_s is for daemons
@@ -268,7 +268,7 @@ def render_alerts(records: list[AlertRecord], silenced: set[str], now: float):
 def _check_by(by: str | None) -> str:
     who = by or _who()
     if not NAME_RE.match(who):
-        raise NvmonError("--by: 1-64 characters from A-Z a-z 0-9 . _ -")
+        raise NvmonUsageError("--by: 1-64 characters from A-Z a-z 0-9 . _ -")
     return who
 
 
@@ -284,7 +284,7 @@ def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: s
     from nvmon.store import alerts as db
 
     if not re.fullmatch(r"[0-9a-fA-F]{4,64}", fingerprint):
-        raise NvmonError(f"fingerprint {fingerprint[:80]!r}: give its hex digits (at least 4), see `nvmon alerts`")
+        raise NvmonUsageError(f"fingerprint {fingerprint[:80]!r}: give its hex digits (at least 4), see `nvmon alerts`")
     fingerprint = fingerprint.lower()
     now, who = time.time(), _check_by(by)
     share = _Share(broker, config_path, cluster)
@@ -351,16 +351,16 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
         seconds = parse_duration(duration)
         matchers = parse_matchers(matches, _known_labels(path, config_path))
     except ValueError as e:
-        raise NvmonError(str(e)) from None
+        raise NvmonUsageError(str(e)) from None
     if comment is not None and (len(comment) > 512 or not comment.isprintable()):
-        raise NvmonError("--comment: printable text, up to 512 characters")
+        raise NvmonUsageError("--comment: printable text, up to 512 characters")
     now, who = time.time(), _check_by(by)
     share = _Share(broker, config_path, cluster)
     from nvmon.wire.contract import valid_name
 
     c = share.cluster or (matchers["cluster"] if valid_name(matchers.get("cluster")) else None)  # not a glob
     if share.settings is not None and c is None:
-        raise NvmonError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
+        raise NvmonUsageError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
     what = " ".join(f"{k}={v}" for k, v in matchers.items())
     if share.local(path):
         sid = _write(path, lambda conn: db.add_silence(conn, matchers, now, now + seconds, who, comment))
@@ -419,7 +419,7 @@ def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, 
     share = _Share(broker, config_path, cluster)
     if share.settings is None:
         if not silence_id.isdigit() or int(silence_id) < 1:
-            raise NvmonError(f"silence {silence_id[:40]!r}: give its number (see `nvmon alerts silences`)")
+            raise NvmonUsageError(f"silence {silence_id[:40]!r}: give its number (see `nvmon alerts silences`)")
         if not _write(_db(ctx, db_path), lambda conn: db.end_silence(conn, int(silence_id), now)):
             raise NvmonError(f"no silence {silence_id} in force")
         click.echo(f"silence {silence_id} ended")
@@ -429,7 +429,7 @@ def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, 
     sid = silence_id.rsplit("/", 1)[-1]  # `silences` shows shared ones as CLUSTER/ID
     c = share.cluster or (silence_id.split("/", 1)[0] if "/" in silence_id else None)
     if c is None:
-        raise NvmonError("--cluster NAME: which cluster's shared set (or give CLUSTER/ID)")
+        raise NvmonUsageError("--cluster NAME: which cluster's shared set (or give CLUSTER/ID)")
     gone: list[bool] = []
 
     def change(cs):

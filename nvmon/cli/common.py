@@ -1,8 +1,13 @@
 """What the `nvmon` commands share: the one error class, the name and interval checks, defaults,
 the log format, the fleet/daemon config reader and the broker settings built from its `[mqtt]`.
 
-Every command reports bad input the same way: one line, `nvmon: <message>` on stderr, and a
-non-zero exit status, never a traceback (`main()` adds NVMON_DEBUG=1 for one).
+Every command reports bad input the same way, in one line on stderr, never a traceback
+(`main()` adds NVMON_DEBUG=1 for one):
+
+    bad usage (a flag or argument as typed)   `nvmon <command>: <message>`, exit 2   (click's own
+                                               usage errors too; NvmonUsageError)
+    could not do it (files, database, broker) `nvmon: <message>`, exit 1              (NvmonError)
+    `nvmon audit`                             Nagios codes: 0-2 the verdict, 3 UNKNOWN for both
 """
 
 from __future__ import annotations
@@ -32,6 +37,21 @@ class NvmonError(click.ClickException):
         click.echo(f"nvmon: {self.format_message()}", err=True)
 
 
+class NvmonUsageError(NvmonError):
+    """A flag or argument given wrongly: `nvmon <command>: <message>`, exit 2, as click's usage
+    errors (main() prints those the same way), but one line also where click would add the usage."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        ctx = click.get_current_context(silent=True)
+        self.command = ctx.command_path if ctx is not None else "nvmon"
+
+    def show(self, file=None) -> None:
+        click.echo(f"{self.command}: {self.format_message()}", err=True)
+
+
 def check_interval(ctx, param, value: float) -> float:
     if not 0.05 <= value <= 300:
         raise click.BadParameter("must be between 0.05 and 300 seconds")
@@ -42,6 +62,19 @@ def check_cluster(ctx, param, value: str | None) -> str | None:
     """A cluster name (a topic level: `nvmon.wire.contract.valid_name`), or None when not given."""
     if value is not None and not valid_name(value):
         raise click.BadParameter(NAME_HINT)
+    return value
+
+
+def check_broker(ctx, param, value: str | None) -> str | None:
+    """A --broker URL (`nvmon.wire.mqtt.parse_broker_url`: never echoed with a password); None or
+    '' (the daemon's "do not publish") as given."""
+    if value:
+        from nvmon.wire.mqtt import parse_broker_url
+
+        try:
+            parse_broker_url(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
     return value
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (DEFAULT_FLEET_DB, check_broker_files, check_cluster, check_db_writable,
+from nvmon.cli.common import (DEFAULT_FLEET_DB, check_broker, check_broker_files, check_cluster, check_db_writable,
                               load_fleet_config, mqtt_settings, resolve_db, setup_logging)
 from nvmon.fleet.service import DEFAULT_CONFIG
 
@@ -19,7 +19,7 @@ DEFAULT_BROKER = "mqtt://localhost:1883"
 
 
 @click.command("fleet")
-@click.option("--broker", default=None, metavar="URL",
+@click.option("--broker", default=None, metavar="URL", callback=check_broker,
               help=f"mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (default: [mqtt] broker, else {DEFAULT_BROKER}).")
 @click.option("--cluster", default=None, callback=check_cluster, help="Watch this cluster only (default: every cluster).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,

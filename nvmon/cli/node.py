@@ -13,8 +13,9 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, check_broker_files, check_db_writable,
-                              check_interval, mqtt_settings, resolve_db, setup_logging)
+from nvmon.cli.common import (DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, NvmonUsageError, check_broker,
+                              check_broker_files, check_db_writable, check_interval, mqtt_settings, resolve_db,
+                              setup_logging)
 
 
 class AuditError(NvmonError):
@@ -90,7 +91,7 @@ def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | N
     Rates (NVLink/PCIe/IB bytes per second, error counters' rise) are measured over --interval.
     Without a GPU driver the GPU part is empty and says why; the rest still works.
     """
-    s = _take_sample(sim, sysfs_root, node, interval, NvmonError)
+    s = _take_sample(sim, sysfs_root, node, interval, NvmonUsageError)
     if as_json:
         from nvmon.model import sample_to_dict
 
@@ -144,7 +145,8 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="TOML config (default /etc/nvmon/nvmon.toml if it exists; example: systemd/nvmon.toml).")
-@click.option("--broker", metavar="URL", help="mqtt://host:port or mqtts://host:port; '' to not publish.")
+@click.option("--broker", metavar="URL", callback=check_broker,
+              help="mqtt://host:port or mqtts://host:port; '' to not publish.")
 @click.option("--db", metavar="PATH", help="SQLite history database (default /var/lib/nvmon/nvmon.db; outside "
               "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/nvmon.db).")
 @click.option("--interval", type=float, metavar="SECONDS", help="Sampling period (default 1).")
@@ -174,15 +176,15 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
                  "rack": rack, "sim": sim, "sysfs_root": sysfs_root, "prometheus": prometheus}
     try:
         cfg = load_config(config_path, overrides)
-    except ConfigError as e:
-        raise NvmonError(str(e)) from None
+    except ConfigError as e:  # a flag's value (the message starts with it) is bad usage; the file's is not
+        raise (NvmonUsageError if str(e).startswith("--") else NvmonError)(str(e)) from None
     if cfg.sampling.sim:
         from nvmon.sim.scenario import SimSpecError, parse_scenario
 
         try:
             parse_scenario(cfg.sampling.sim)
         except SimSpecError as e:
-            raise NvmonError(str(e)) from None
+            raise (NvmonUsageError if sim else NvmonError)(str(e)) from None
     cfg = _checked_paths(cfg)
     setup_logging(log_level)
     from nvmon.daemon.main import Daemon

@@ -11,7 +11,7 @@ import signal
 
 import click
 
-from nvmon.cli.common import NvmonError, check_cluster, check_interval
+from nvmon.cli.common import NvmonError, NvmonUsageError, check_broker, check_cluster, check_interval
 
 
 def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
@@ -28,7 +28,7 @@ def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
 
 @click.command("sim-fleet")
 @click.option("--nodes", type=click.IntRange(1, 20_000), default=20, show_default=True, help="Nodes to simulate.")
-@click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True, metavar="URL",
+@click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True, metavar="URL", callback=check_broker,
               help="mqtt://HOST[:PORT] or mqtts://HOST[:PORT].")
 @click.option("--cluster", default="sim", show_default=True, callback=check_cluster, help="Cluster name (topic level).")
 @click.option("--racks", type=click.IntRange(1, 10_000), default=1, show_default=True,
@@ -58,7 +58,7 @@ def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interva
         fleet = SimFleet(MqttSettings(url=broker), nodes, cluster=cluster, racks=racks, faults=faults,
                          interval_s=interval, profile=profile, prefix=prefix)
     except ValueError as e:
-        raise NvmonError(str(e)) from None
+        raise NvmonUsageError(str(e)) from None
     click.echo(describe(fleet) + "; Ctrl-C to stop", err=True)
     asyncio.run(_run(fleet, seconds))
     s = fleet.stats

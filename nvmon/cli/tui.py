@@ -7,13 +7,14 @@ import os
 
 import click
 
-from nvmon.cli.common import NvmonError, check_broker_files, check_cluster
+from nvmon.cli.common import NvmonUsageError, check_broker, check_broker_files, check_cluster
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 
 
 @click.command("tui")
 @click.option("--broker", metavar="URL", default=lambda: os.environ.get("NVMON_BROKER") or DEFAULT_BROKER,
+              callback=check_broker,
               show_default=f"$NVMON_BROKER or {DEFAULT_BROKER}", help="mqtt://HOST[:PORT] or mqtts://HOST[:PORT].")
 @click.option("--cluster", callback=check_cluster, help="Show one cluster (default: every cluster on the broker).")
 @click.option("--username", help="Broker user name.")
@@ -42,7 +43,7 @@ def tui_command(broker: str, cluster: str | None, username: str | None, password
         settings = MqttSettings(url=broker, username=username, password_file=password_file, ca_file=ca_file,
                                 cert_file=cert_file, key_file=key_file, tls_insecure=tls_insecure)
     except ValueError as e:
-        raise NvmonError(str(e)) from None
+        raise NvmonUsageError(str(e)) from None
     check_broker_files(settings)  # before the screen opens: a wrong file is not a retry loop
     # Logs must not scribble over the screen: to --log-file, else nowhere (the header and its
     # banner show the broker's state and the drop counts).
