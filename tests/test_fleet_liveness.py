@@ -157,3 +157,36 @@ async def test_nvmon_fleet_started_late_pages_true_ages_and_forget_ends_without_
         finally:
             if f.proc.poll() is None:
                 f.kill()
+
+
+async def test_a_node_dying_under_the_tui_is_on_its_alerts_screen_within_stale_after(tmp_path):
+    """SIGSTOP (a hung host): node.stale within stale-after + 1 s; kill -9: node.offline at the will."""
+    import signal
+
+    node_cfg = tmp_path / "node.toml"
+    node_cfg.write_text(f'[node]\ncluster = "{C}"\n[mqtt]\nkeepalive_s = 2\n')
+    with Broker(tmp_path) as broker:
+        daemon = Proc(tmp_path, "n1", "daemon", "--config", str(node_cfg), "--broker", broker.url, "--db",
+                      str(tmp_path / "n1.db"), "--node", "n1", "--sim", "hgx-h100", "--interval", "0.5").start()
+        try:
+            app = NvmonApp(MqttSettings(url=broker.url), cluster=C, source="liveness test", refresh_s=0.1)
+            async with app.run_test(size=(160, 48)) as pilot:
+                await wait_until(lambda: app.state.counts(time.time())["online"] == 1, 20, "n1 online")
+                await asyncio.sleep(2.5)  # past the settle time
+                await pilot.press("a")
+                assert alert_rows(app) == {}
+                stale_after = app.state.nodes[(C, "n1")].stale_after_s
+                daemon.proc.send_signal(signal.SIGSTOP)
+                t0 = time.monotonic()
+                await wait_until(lambda: ("n1", "node.stale") in alert_rows(app), stale_after + 3, "node.stale")
+                took = time.monotonic() - t0
+                print(f"node.stale on the alerts screen {took:.2f} s after SIGSTOP (stale after {stale_after:g} s)")
+                assert took <= stale_after + 1.0 + 0.5  # the last tick came up to an interval before the stop
+                daemon.kill()  # the socket closes: the broker publishes the will at once
+                await wait_until(lambda: ("n1", "node.offline") in alert_rows(app), 5, "node.offline")
+                assert "connection lost" in alert_rows(app)[("n1", "node.offline")]
+                # the pending node.stale stays until its clear_s (30 s), as in nvmon fleet, and never pages
+                assert "alerts 2" in plain(app.screen.query_one("#info", Static))
+        finally:
+            if daemon.proc.poll() is None:
+                daemon.kill()
