@@ -19,7 +19,8 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import NvmonError, check_broker_files, check_cluster, load_fleet_config, mqtt_settings
+from nvmon.cli.common import (NvmonError, check_broker, check_broker_files, check_cluster, load_fleet_config,
+                              mqtt_settings)
 
 DEFAULT_BROKER = "mqtt://localhost:1883"
 SETTLE_S = 2.0  # retained messages come at once; a sample within one interval (1 s by default)
@@ -119,7 +120,7 @@ def _broker_options(f):
     f = click.option("--config", "config_path", default=None, metavar="PATH",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="A daemon or fleet TOML config: its [mqtt] broker and credentials.")(f)
-    return click.option("--broker", default=None, metavar="URL",
+    return click.option("--broker", default=None, metavar="URL", callback=check_broker,
                         help=f"mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (default: --config's [mqtt] broker, "
                              f"else $NVMON_BROKER, else {DEFAULT_BROKER}).")(f)
 
