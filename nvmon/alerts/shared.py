@@ -151,6 +151,24 @@ async def read_shared(settings: MqttSettings, cluster: str, *, wait_s: float = R
     return empty(cluster) if current is None else read_controls(cluster, current)
 
 
+async def _retained(client, wait_s: float, quiet_s: float):
+    """The messages a subscription brings (the retained ones first), until `wait_s` has passed or
+    none came for `quiet_s`."""
+    loop = asyncio.get_running_loop()
+    deadline, last = loop.time() + wait_s, None
+    while True:
+        until = deadline if last is None else min(deadline, last + quiet_s)
+        if until <= loop.time():
+            return
+        try:
+            async with asyncio.timeout(until - loop.time()):
+                m = await anext(aiter(client.messages))
+        except TimeoutError:
+            return
+        last = loop.time()
+        yield m
+
+
 async def read_every_shared(settings: MqttSettings, *, wait_s: float = RETAINED_WAIT_S,
                             quiet_s: float = 0.3) -> list[ControlSet]:
     """Every cluster's retained set, by cluster name (what `nvmon alerts silences --broker` lists
@@ -160,18 +178,7 @@ async def read_every_shared(settings: MqttSettings, *, wait_s: float = RETAINED_
     found: dict[str, ControlSet] = {}
     async with make_client(settings, client_id=settings.client_id or _client_id("controls")) as client:
         await client.subscribe(control_subscription(None), qos=1)
-        loop = asyncio.get_running_loop()
-        deadline, last = loop.time() + wait_s, None
-        while True:
-            until = deadline if last is None else min(deadline, last + quiet_s)
-            if until <= loop.time():
-                break
-            try:
-                async with asyncio.timeout(until - loop.time()):
-                    m = await anext(aiter(client.messages))
-            except TimeoutError:
-                break
-            last = loop.time()
+        async for m in _retained(client, wait_s, quiet_s):
             try:
                 cluster = parse_control_topic(m.topic)
                 found[cluster] = read_controls(cluster, bytes(m.payload))
@@ -189,18 +196,7 @@ async def find_alerts(settings: MqttSettings, prefix: str, *, cluster: str | Non
     found: dict[tuple[str, str, str], Alert] = {}
     async with make_client(settings, client_id=settings.client_id or _client_id("find")) as client:
         await client.subscribe(subscription(cluster, None, "alerts"), qos=1)
-        loop = asyncio.get_running_loop()
-        deadline, last = loop.time() + wait_s, None
-        while True:
-            until = deadline if last is None else min(deadline, last + quiet_s)
-            if until <= loop.time():
-                break
-            try:
-                async with asyncio.timeout(until - loop.time()):
-                    m = await anext(aiter(client.messages))
-            except TimeoutError:
-                break
-            last = loop.time()
+        async for m in _retained(client, wait_s, quiet_s):
             try:
                 msg = parse_message(str(m.topic), bytes(m.payload))
             except WireError:
