@@ -21,21 +21,11 @@ import click
 
 from nvmon.cli.common import (NvmonError, check_broker, check_broker_files, check_cluster, load_fleet_config,
                               mqtt_settings)
+from nvmon.tui.text import age as age_text
 
 DEFAULT_BROKER = "mqtt://localhost:1883"
 SETTLE_S = 2.0  # retained messages come at once; a sample within one interval (1 s by default)
 CLEARED = ("alerts", "inventory", "status")  # the retained topics; the status last: views then drop the node
-
-
-def _age(s: float) -> str:
-    s = max(0.0, s)
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h" if s < 172800 else f"{s / 86400:.1f}d"
 
 
 def _settings(broker: str | None, config_path: Path | None):
@@ -103,7 +93,7 @@ def _table(rows: list[dict], with_cluster: bool) -> str:
     lines = [head]
     for r in rows:
         live = r["liveness"] + (f" ({r['reason']})" if r["reason"] else "")
-        age = ("≤" if not r["age_exact"] else "") + _age(r["age_s"])
+        age = ("≤" if not r["age_exact"] else "") + age_text(r["age_s"])  # as the TUI writes it
         alerts = " ".join(f"{n} {sev}" for sev, n in sorted(r["alerts"].items())) or "-"
         line = [r["node"], r["rack"] or "-", live, age, r["version"] or "-", alerts]
         lines.append(([r["cluster"]] if with_cluster else []) + [_printable(c) for c in line])
