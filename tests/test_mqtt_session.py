@@ -6,7 +6,6 @@ in the client's work is logged once with its traceback. Each test has its own br
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -14,6 +13,8 @@ import uuid
 import pytest
 
 from mqtt_broker import Broker, Recorder, free_port, needs_mosquitto, wait_until
+
+from nvmon import aio
 from nvmon.wire.mqtt import Backoff, MqttSettings
 from nvmon.wire.session import MqttSession
 
@@ -36,15 +37,9 @@ async def listen_until_dropped(client) -> None:
         pass
 
 
-@contextlib.asynccontextmanager
-async def running(s: MqttSession, on_connect=listen_until_dropped, **kw):
-    task = asyncio.create_task(s.run(on_connect, **kw))
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+def running(s: MqttSession, on_connect=listen_until_dropped, **kw):
+    """The session running as a task for the block (nvmon.aio.running), then cancelled."""
+    return aio.running(s.run(on_connect, **kw), name="test.session")
 
 
 def lines(caplog, level: int | None = None) -> list[str]:
