@@ -30,6 +30,11 @@ class Severity(StrEnum):
         """The rank of a severity word, unknown words last (they come off the wire)."""
         return _RANK.get(value, len(_RANK))  # type: ignore[call-overload]
 
+    @classmethod
+    def worst(cls, values) -> str | None:
+        """The most severe of some severity words (None when there are none)."""
+        return min(values, key=cls.rank_of, default=None)
+
     def at_least(self, other: str) -> bool:
         """True when this severity is `other` or more severe."""
         return self.rank <= Severity.rank_of(other)

@@ -120,17 +120,21 @@ class _Findings:
         return [f for f in self.device.get(device, ()) if f.code in codes and f.port == port]
 
 
-def _worst(findings: list[Finding]) -> Finding | None:
-    return min(findings, key=lambda f: Severity.rank_of(f.severity), default=None)
+_LOUD = {Severity.CRITICAL: "bold red"}  # else bold yellow: a cell or Problems line's mark
+
+
+def _mark(severity: str) -> tuple[str, str]:
+    """(symbol, style) of a warning or critical finding in the tables and the Problems list."""
+    return _SEVERITY_STYLE.get(severity, ("?", ""))[0], _LOUD.get(severity, "bold yellow")
 
 
 def _marked(text: str, findings: list[Finding], healthy: str = "") -> Text:
     """`text` behind the symbol of its worst finding (✗ critical, ! warning), else as it is."""
-    worst = _worst(findings)
+    worst = Severity.worst(f.severity for f in findings)
     if worst is None:
         return Text(text, style=healthy)
-    symbol, style = _SEVERITY_STYLE.get(worst.severity, ("?", "bold"))
-    return Text(f"{symbol} {text}", style="bold red" if worst.severity == Severity.CRITICAL else "bold yellow")
+    symbol, style = _mark(worst)
+    return Text(f"{symbol} {text}", style=style)
 
 
 def _expected_number(findings: list[Finding], code: str, prefix: str) -> int | None:
@@ -349,8 +353,8 @@ def _problems(report: AuditReport) -> list[_Item]:
     items = []
     for f in sorted(report.findings, key=lambda f: Severity.rank_of(f.severity)):
         if f.severity != Severity.INFO:
-            symbol, style = _SEVERITY_STYLE.get(f.severity, ("?", "bold"))
-            items.append((Text(symbol, style="bold red" if f.severity == Severity.CRITICAL else "bold yellow"),
+            symbol, style = _mark(f.severity)
+            items.append((Text(symbol, style=style),
                           literal(f.message)))
     return items
 

@@ -191,8 +191,8 @@ def _marks(findings: tuple[TickFinding, ...]) -> tuple[dict[str, str], int, list
     pcie: list[tuple[int, int]] = []
     for f in findings:
         col = "ib" if f.code.startswith("pcie.") and f.gpu is None and f.device is not None else COLUMN_OF.get(f.code)
-        if col is not None and (col not in marks or Severity.rank_of(f.severity) < Severity.rank_of(marks[col])):
-            marks[col] = f.severity
+        if col is not None:
+            marks[col] = Severity.worst((f.severity, marks.get(col, f.severity)))
         if f.code in ("power.limit", "power.cap") and f.gpu is not None:
             power.add(f.gpu)
         elif f.code in ("pcie.width", "pcie.gen") and f.gpu is not None:

@@ -96,11 +96,7 @@ def _want_links(view: NodeView, index: int) -> int | None:
 def _judged(findings, healthy: str, **where) -> str:
     """The style of the worst of `findings` (the node's own audit of this tick) at `where`
     (e.g. gpu=3, or device="mlx5_0", port=None for an HCA), else `healthy`."""
-    worst = None
-    for f in findings:
-        if all(getattr(f, k) == v for k, v in where.items()):
-            if worst is None or Severity.rank_of(f.severity) < Severity.rank_of(worst):
-                worst = f.severity
+    worst = Severity.worst(f.severity for f in findings if all(getattr(f, k) == v for k, v in where.items()))
     return SEVERITY_STYLE.get(worst, healthy) if worst is not None else healthy
 
 
