@@ -47,11 +47,11 @@ NODES_IN_SUMMARY = 5
 # default keepalive of 10 s), not first as stale and then as offline; the stale alert, still pending,
 # then ends without a page. clear_s keeps a node in a crash loop (up for seconds, gone again) one
 # episode, not a page per restart.
-DEFAULTS: dict[str, tuple[float, float, str]] = {  # runbooks: the one table in nvmon.codes
-    "node.offline": (0.0, 30.0, _FLEET["node.offline"].runbook),
-    "node.stale": (20.0, 30.0, _FLEET["node.stale"].runbook),
-    "rack.power": (60.0, 60.0, _FLEET["rack.power"].runbook),
-    "fleet.same_fault": (0.0, 60.0, _FLEET["fleet.same_fault"].runbook),
+DEFAULTS: dict[str, tuple[float, float]] = {  # code → (for_s, clear_s); runbooks: nvmon.codes
+    "node.offline": (0.0, 30.0),
+    "node.stale": (20.0, 30.0),
+    "rack.power": (60.0, 60.0),
+    "fleet.same_fault": (0.0, 60.0),
 }
 assert set(DEFAULTS) == set(FLEET_CODES)
 
@@ -117,7 +117,7 @@ def fleet_book(settings: FleetSettings) -> dict[str, RuleSpec]:
     """The enabled fleet rules with every setting resolved (override, else built-in)."""
     book = {}
     for code, severity in FLEET_CODES.items():
-        for_s, clear_s, runbook = DEFAULTS[code]
+        for_s, clear_s = DEFAULTS[code]
         o = settings.rules.get(code)
         if o is not None and not o.enabled:
             continue
@@ -125,7 +125,7 @@ def fleet_book(settings: FleetSettings) -> dict[str, RuleSpec]:
             code=code, severity=(o.severity if o is not None and o.severity else severity),
             for_s=o.for_s if o is not None and o.for_s is not None else for_s,
             clear_s=o.clear_s if o is not None and o.clear_s is not None else clear_s,
-            grace=False, runbook=runbook)
+            grace=False, runbook=_FLEET[code].runbook)
     return book
 
 
