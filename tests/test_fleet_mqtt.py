@@ -164,11 +164,17 @@ async def test_killed_generator_goes_offline_by_will_and_comes_back(tmp_path):
                 proc.send_signal(signal.SIGKILL)  # no goodbye: the broker publishes each node's will
                 proc.wait(5)
                 await wait_until(lambda: states(state) == {("offline", "lost")}, what="offline by will")
+                restarted = time.time()
                 proc = start_generator(broker.url, cluster, 3)
-                await wait_until(lambda: online(state, 3), timeout=15, what="3 nodes back online")
+                # Back online means a sample from the new process: the summaries and inventories above
+                # are the first run's, so 'online' alone can come before the new one published a tick
+                # (a SIGTERM then finds nothing published, which sim-fleet rightly calls a failure).
+                await wait_until(lambda: online(state, 3) and all(v.tick_rx and v.tick_rx > restarted
+                                                                  for v in state.nodes.values()),
+                                 timeout=15, what="3 nodes back online with a new sample")
                 proc.send_signal(signal.SIGTERM)  # a clean stop says so
                 out = proc.communicate(timeout=10)[1].decode()
-                assert proc.returncode == 0 and "stopped;" in out and "Traceback" not in out
+                assert proc.returncode == 0 and "stopped;" in out and "Traceback" not in out, out
                 await wait_until(lambda: states(state) == {("offline", "stopped")}, what="offline, stopped")
             finally:
                 if proc.poll() is None:
