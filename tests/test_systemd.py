@@ -14,8 +14,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -285,3 +287,89 @@ def test_fleet_service_contract():
 
     assert str(DEFAULT_CONFIG) == "/etc/nvmon/fleet.toml"
     assert str(FleetSettings().db).startswith("/var/lib/nvmon/")
+
+
+# --- The commands the unit files' own comments give ------------------------------------------------
+INSTALLED_AT = "/etc/systemd/system/"
+
+
+def commented_commands(unit: Path) -> list[list[str]]:
+    """Each `#   systemd-analyze …` line of the unit's header comment, as argv."""
+    return [line.lstrip("#").split() for line in unit.read_text().splitlines()
+            if line.startswith("#") and line.lstrip("# ").startswith("systemd-analyze ")]
+
+
+@needs_analyze
+@pytest.mark.parametrize("unit", [UNIT, FLEET_UNIT], ids=lambda p: p.name)
+def test_the_check_commands_in_the_units_comments_work_as_written(unit, tmp_path):
+    """Run verbatim, but for the one thing an install provides: the unit at /etc/systemd/system/ (here
+    a folder of our own) and ExecStart's /usr/local/bin/nvmon (here the venv's)."""
+    commands = commented_commands(unit)
+    assert [c[:2] for c in commands] == [["systemd-analyze", "verify"], ["systemd-analyze", "security"]]
+    assert all(c[-1] == INSTALLED_AT + unit.name for c in commands)
+    assert f"install -m 0644 systemd/{unit.name} {INSTALLED_AT}" in (REPO / "docs" / "install.md").read_text()
+    copy = tmp_path / unit.name
+    copy.write_text(unit.read_text().replace(f"ExecStart={SHIPPED_EXEC} ", f"ExecStart={nvmon_executable()} ", 1))
+    for argv in commands:
+        argv = [ANALYZE, *argv[1:-1], str(copy)]
+        r = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=60)
+        assert r.returncode == 0, (argv, r.stdout + r.stderr)
+        if argv[1] == "verify":
+            assert (r.stdout + r.stderr).strip() == ""
+        else:
+            assert "Overall exposure level" in r.stdout + r.stderr
+    # The security check also runs on the shipped file itself, as the comment says.
+    r = subprocess.run([ANALYZE, *commands[1][1:-1], str(unit)], capture_output=True, text=True, env=ENV,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- The example fleet configuration (nvmon-fleet.service's /etc/nvmon/fleet.toml) ----------------
+FLEET_CONFIG = REPO / "systemd" / "fleet.toml"
+
+
+def test_fleet_unit_points_at_the_example_fleet_config():
+    assert "--config /etc/nvmon/fleet.toml" in fleet_values("ExecStart")[0]
+    assert f"install -m 0644 systemd/fleet.toml /etc/nvmon/fleet.toml" in (REPO / "docs" / "install.md").read_text()
+
+
+def test_example_fleet_config_loads_as_shipped_and_with_every_line_switched_on(tmp_path):
+    from nvmon.fleet.rules import FleetSettings
+    from nvmon.fleet.service import load_fleet_config
+
+    plain = load_fleet_config(FLEET_CONFIG)
+    assert plain.mqtt.broker == "mqtt://localhost:1883" and not plain.hooks  # nobody paged by default
+    assert plain.fleet.db == FleetSettings().db and str(plain.fleet.db).startswith("/var/lib/nvmon/")
+    assert plain.fleet.cluster is None and plain.fleet.same_fault_nodes == 3
+    everything = tmp_path / "fleet.toml"
+    everything.write_text(uncommented(FLEET_CONFIG.read_text()))
+    full = load_fleet_config(everything)
+    assert full.fleet.cluster == "prod" and full.fleet.rack_budget_kw == 12
+    assert full.fleet.racks["r12"].budget_kw == 20 and full.fleet.rules["rack.power"].for_s == 120
+    assert str(full.mqtt.password_file) == "/etc/nvmon/mqtt.password" and full.mqtt.username == "nvmon-fleet"
+    assert [h.type for h in full.hooks] == ["exec", "pagerduty", "alertmanager"]
+    assert full.alerts.keep_resolved_d == 7
+
+
+def test_nvmon_fleet_runs_on_the_example_config(tmp_path):
+    """`nvmon fleet --config systemd/fleet.toml` as the unit runs it (the broker and the database
+    given as flags, the file unchanged): it connects, evaluates, and stops cleanly on SIGTERM."""
+    from mqtt_broker import MOSQUITTO, Broker
+
+    if MOSQUITTO is None:
+        pytest.skip("mosquitto binary not installed (apt-get install mosquitto)")
+    log = tmp_path / "fleet.log"
+    with Broker(tmp_path) as broker, open(log, "wb") as out:
+        p = subprocess.Popen([sys.executable, "-m", "nvmon", "fleet", "--config", str(FLEET_CONFIG),
+                              "--broker", broker.url, "--db", str(tmp_path / "fleet.db")],
+                             stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while "fleet: watching" not in log.read_text() and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "fleet: watching every cluster" in log.read_text(), log.read_text()
+        finally:
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(20)
+    assert rc == 0, log.read_text()
+    assert "Traceback" not in log.read_text() and (tmp_path / "fleet.db").exists()
