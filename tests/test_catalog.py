@@ -193,10 +193,13 @@ def test_the_wire_carries_the_catalogs_gpu_values_and_the_inventory_its_static_o
 
     s = healthy_sample()
     d = json.loads(sample_payload(s))
-    assert d["sc"][0] == 1980 and d["fb"][0] == 70_000 and d["mt"][0] == 69
+    # every GPU of this board agrees: each column goes as one number (docs/wire.md, uniform columns)
+    assert (d["sc"], d["mc"], d["fb"], d["mt"], d["mu"]) == (1980, 2619, 70_000, 69, 47)
     tick = parse_message("nvmon/v1/c1/n1/sample", sample_payload(s))
-    assert tick.gpus[0].values == {"sm_clock_hz": 1_980_000_000, "fb_used_bytes": 70_000 * 2**20,
-                                   "memory_temperature_c": 69.0}
+    assert tick.gpus[0].values == {"sm_clock_hz": 1_980_000_000, "mem_clock_hz": 2_619_000_000,
+                                   "fb_used_bytes": 70_000 * 2**20, "memory_temperature_c": 69.0,
+                                   "mem_copy_util_pct": 47.0}
+    assert all(g.values == tick.gpus[0].values for g in tick.gpus)
     inv = json.loads(inventory_payload(s, cluster="c1"))
     assert inv["gpus"][0]["sm_clock_max_hz"] == 1_980_000_000 and inv["gpus"][0]["fb_total_bytes"] == 81_559 * 2**20
 
@@ -209,8 +212,9 @@ def test_a_tick_without_the_catalog_keys_reads_and_one_out_of_range_is_refused()
     from nvmon.wire.payloads import sample_payload
 
     d = json.loads(sample_payload(healthy_sample()))
-    old = {k: v for k, v in d.items() if k not in ("sc", "fb", "mt")}  # an older node's tick
+    old = {k: v for k, v in d.items() if k not in ("sc", "mc", "fb", "mt", "mu")}  # an older node's tick
     assert parse_message("nvmon/v1/c1/n1/sample", json.dumps(old).encode()).gpus[0].values == {}
+    d["sc"] = [d["sc"]] * 8
     d["sc"][2] = 10**9
     with pytest.raises(WireError, match="sc"):
         parse_message("nvmon/v1/c1/n1/sample", json.dumps(d).encode())

@@ -123,6 +123,22 @@ def test_sample_reads_back_within_its_rounding():
     assert tick.nvml_error is None and tick.cpu_pct is not None
 
 
+def test_uniform_columns_travel_as_one_number_and_read_back_per_gpu():
+    s = sim_ticks("hgx-h100,pcie_width=6:8", 2)[-1]
+    d = json.loads(sample_payload(s))
+    # the board's limits, PCIe gen and link speed agree: one number each; the x8 GPU keeps pw a list
+    assert (d["pl"], d["pg"], d["ls"]) == (700, 5, 26562) and d["pw"] == [16] * 6 + [8, 16]
+    assert isinstance(d["p"], list) and len(d["p"]) == 8  # the GPU count
+    tick = read("sample", sample_payload(s))
+    assert [(w.power_limit_w, w.pcie_gen, w.pcie_width, w.link_ref_mbps) for w in tick.gpus] == [
+        (700.0, 5, 8 if g.index == 6 else 16, 26562) for g in s.gpus]
+    # a single GPU's columns stay lists (nothing to save), and so does a column of nulls
+    one = json.loads(sample_payload(replace(s, gpus=s.gpus[:1])))
+    assert all(isinstance(one[k], list) for k in ("p", "pl", "pg", "pw", "ls")), one
+    unread = json.loads(sample_payload(replace(s, gpus=tuple(replace(g, temperature_c=None) for g in s.gpus))))
+    assert unread["t"] == [None] * 8
+
+
 def test_sample_carries_faults_sparsely():
     s = sim_ticks("hgx-h100,nvlink_down=2.5,nvlink_errors=3.1,ib_down=4,ib_errors=mlx5_2,thermal=3,"
                   "pcie_width=6:8,power_cap=1", 3)[-1]
@@ -311,6 +327,12 @@ def with_(d: dict, **kw) -> bytes:
     ("sample", with_(good_sample(), it=[1] * 7 + [1.5]), r"it\[7\]: expected integer"),
     ("sample", with_(good_sample(), ig=[400] * 7 + [1e300]).replace(b"1e+300", b"1e999"), r"ig\[7\]: inf outside"),
     ("sample", with_(good_sample(), h=[1.0, 2.0]), "h: 2 items"),
+    # a uniform column sent as one number is checked as the column it stands for; `p` gives the count
+    ("sample", with_(good_sample(), pw=65), r"pw\[0\]: 65 outside"),
+    ("sample", with_(good_sample(), pg=True), "pg: expected list, got bool"),
+    ("sample", with_(good_sample(), ls="26562"), "ls: expected list, got str"),
+    ("sample", with_(good_sample(), pl=1e300).replace(b"1e+300", b"1e999"), r"pl\[0\]: inf outside"),
+    ("sample", with_(good_sample(), p=551.4), "p: expected list"),
     ("sample", with_(good_sample(), f=[["pcie.width", "fatal", 3]]), r"f\[0\]: unknown severity"),
     ("sample", with_(good_sample(), f=[["\x1b[2J", "warning"]]), r"f\[0\]: bad finding code"),
     ("sample", with_(good_sample(), f=[["ib.rate", "warning", None, None, "mlx5_0", -1]]), r"f\[0\]: -1 outside"),

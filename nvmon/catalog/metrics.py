@@ -263,7 +263,7 @@ METRICS: tuple[Metric, ...] = (
            prom=Prom("nvmon_gpu_sm_clock_max_hertz", "Highest SM clock of the GPU (nvmlDeviceGetMaxClockInfo)."),
            nvml=Nvml("sm_clock_max", ("nvmlDeviceGetMaxClockInfo",), ("NVML_CLOCK_SM",), scale=MHZ, once=True)),
     Metric("mem_clock_hz", "Hz", Kind.GAUGE, G, "memory clock", V, "mem_clock_hz", "INTEGER",
-           E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz",
+           E.INTEGER, R.MIN_MAX, label="mem clk", fmt="mhz", wire="mc", wire_range=(0, 10**5), wire_divisor=10**6,
            prom=Prom("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1e6),
            nvml=Nvml("mem_clock", ("nvmlDeviceGetClockInfo",), ("NVML_CLOCK_MEM",), scale=MHZ, turns=1)),
     Metric("mem_clock_max_hz", "Hz", Kind.GAUGE, G, "highest memory clock", V,
@@ -291,10 +291,9 @@ METRICS: tuple[Metric, ...] = (
            nvml=Nvml("memory_temp", field="NVML_FI_DEV_MEMORY_TEMP")),
     # nvmlDeviceGetUtilizationRates' `memory` member: the share of the last sample period in which
     # device memory was read or written. It rides on the collector's utilization call (no extra one).
-    # Not on the wire yet: `wire="mu", wire_digits=0, wire_range=(0, 100)` would send it (and show it
-    # on the TUI node screen) for ~30 bytes a tick, which the 2 KB sample budget has no room for.
     Metric("mem_copy_util_pct", "%", Kind.GAUGE, G, "memory copy utilization (device memory read or written)", V,
            "mem_copy_util_pct", encode=E.WHOLE, rollup=R.MIN_AVG_MAX, label="mem util",
+           wire="mu", wire_digits=0, wire_range=(0, 100),
            prom=Prom("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %)."),
            nvml=Nvml("utilization", ("nvmlDeviceGetUtilizationRates",), attr="memory")),
     Metric("pcie_replay_errors", "count", Kind.COUNTER, G, "PCIe replays since driver load",

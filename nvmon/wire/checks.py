@@ -95,6 +95,7 @@ _INT_NULL = frozenset((int, type(None)))
 _NUM = frozenset((int, float))
 _NUM_NULL = frozenset((int, float, type(None)))
 _LIST = frozenset((list,))
+_SCALAR = frozenset((int, float))  # not bool: type(True) is bool; checked like any item after
 _not_null = partial(is_not, None)
 
 
@@ -103,11 +104,20 @@ def all_ints(v: list, lo: int, hi: int) -> bool:
     return set(map(type, v)) <= _INT and (not v or (lo <= min(v) and max(v) <= hi))
 
 
+def _column(v: object, path: str, limit: int, length: int | None) -> list:
+    """`v` as a list: a per-GPU column (`length` given) may be sent as one number, the value of
+    every GPU (docs/wire.md, "uniform columns")."""
+    if length is not None and type(v) in _SCALAR:
+        return [v] * length
+    return array(v, path, limit, length=length)
+
+
 def ints(v: object, path: str, lo: int, hi: int, limit: int, *, length: int | None = None,
          null: bool = True) -> tuple:
     """A list of integers (or nulls, unless `null` is false) in lo..hi. The common all-int case is
-    checked in C-speed builtins: the aggregator reads thousands of these arrays a second."""
-    v = array(v, path, limit, length=length)
+    checked in C-speed builtins: the aggregator reads thousands of these arrays a second. With
+    `length`, one number stands for a column of `length` equal values."""
+    v = _column(v, path, limit, length)
     types = set(map(type, v))
     if types <= _INT:
         if not v or (lo <= min(v) and max(v) <= hi):
@@ -132,7 +142,7 @@ def int_rows(v: object, path: str, lo: int, hi: int, rows: int, limit: int) -> t
 
 def nums(v: object, path: str, lo: float, hi: float, limit: int, *, length: int | None = None) -> tuple:
     """Like `ints` for numbers; values come back as float (None stays None)."""
-    v = array(v, path, limit, length=length)
+    v = _column(v, path, limit, length)
     types = set(map(type, v))
     if types <= _NUM:
         if not v or (lo <= min(v) and max(v) <= hi):  # min/max also catch ±inf (1e999); NaN cannot be parsed

@@ -259,6 +259,10 @@ def _findings(findings: Iterable[Finding]) -> list[list]:
 # integer), in catalog order; and (key, getter) of the static metrics the inventory carries.
 _GPU_ARRAYS = tuple((m.wire, m.get, m.wire_digits, m.wire_divisor) for m in GPU_WIRE)
 _GPU_FACTS = tuple((m.wire, m.get) for m in GPU_WIRE_FACTS)
+# The per-GPU columns a sample may send as one number when every GPU has that value (a board's
+# limits, PCIe gen and width, link speed and clocks usually agree): all but `p`, whose length is
+# the sample's GPU count.
+_UNIFORM = tuple(key for key, *_ in _GPU_ARRAYS if key != "p") + ("nt", "nr", "ls")
 
 
 def sample_payload(sample: Sample, findings: Iterable[Finding] = ()) -> bytes:
@@ -343,6 +347,11 @@ def sample_payload(sample: Sample, findings: Iterable[Finding] = ()) -> bytes:
             values = [None if v is None else v / per for v in values]
         out[key] = [_int(v) for v in values] if digits is None else [_num(v, digits) for v in values]
     out["nt"], out["nr"], out["ls"], out["lt"], out["lr"] = nt, nr, ls, lt, lr
+    if len(gpus) > 1:  # uniform columns as one number (docs/wire.md); `p` stays a list: it gives the count
+        for key in _UNIFORM:
+            col = out[key]
+            if col.count(col[0]) == len(col) and col[0] is not None:
+                out[key] = col[0]
     if lost := [g.index for g in gpus if g.lost]:
         out["lost"] = lost
     pe = {str(g.index): int(g.pcie.replay_errors_delta) for g in gpus if g.pcie.replay_errors_delta}
