@@ -59,7 +59,8 @@ class NvmonApp(App):
 
     def __init__(self, settings: MqttSettings | None, *, cluster: str | None = None, source: str | None = None,
                  state: FleetState | None = None, clock: Callable[[], float] = time.time,
-                 rack_budget_kw: float | None = None, refresh_s: float = 1.0):
+                 rack_budget_kw: float | None = None, refresh_s: float = 1.0, notice: str | None = None,
+                 notes: tuple[str, ...] = ()):
         super().__init__()
         self.settings, self.cluster, self.clock, self.refresh_s = settings, cluster, clock, refresh_s
         self.state = state if state is not None else FleetState()
@@ -74,6 +75,9 @@ class NvmonApp(App):
         self.fleet_alerts = FleetAlerts(FleetRules(FleetSettings(
             stale_after_intervals=max(1.0, self.state.stale_factor), rack_budget_kw=rack_budget_kw)), clock=clock)
         self.subscriber_error: str | None = None
+        # What the embedding program wants said (nvmon demo: what it planted where): `notice` is one
+        # line under the fleet table, `notes` are lines at the top of the help screen.
+        self.notice, self.notes = notice, notes
 
     def now(self) -> float:
         return self.clock()

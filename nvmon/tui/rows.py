@@ -2,8 +2,13 @@
 
 Each column has a cell function returning segments `((text, style), ...)` — cheap tuples that the
 table compares with what it shows before building any `Text` — and a sort key. Sort keys put
-unknown values last; "worse" sorts last in the natural order, so reversing a column brings
-problems to the top.
+unknown values last; "worse" (or bigger) sorts last in the natural order, and a column is first
+sorted descending (`Column.descending`), so the first press of a problem column brings the worst
+to the top. A judged column ranks first by the worst severity of the findings it shows.
+
+Cells are compact so that the problem columns (Node to Hottest) fit 80 columns: a healthy cell says
+little (`✓ 8/8`), a marked one names what the node's findings are about (`✗ pairs`, `✗ fabric`,
+`⚠ x8 GPU4`, `⚠ 100G`, `⚠ cap1`), and the numbers behind them are on the node screen.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nvmon.codes import Severity
 from nvmon.fleet.state import Liveness, NodeView
 from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, Segment, age, clean, gbs, known, kw, \
     short_model
@@ -28,10 +34,17 @@ class Column:
     cell: Callable[[NodeView, Liveness], tuple[Segment, ...]]
     sort: Callable[[NodeView, Liveness], Any]
     help: str
+    descending: bool = True  # the first sort by this column puts the largest / worst first
 
 
 def _mark(style: str, text: str) -> tuple[Segment, ...]:
     return ((f"{SYMBOL[style]} {text}", style),)
+
+
+def _codes(v: NodeView) -> frozenset[str]:
+    """The codes of the node's findings this tick (what the cells name; views never judge)."""
+    t = v.tick
+    return frozenset(f.code for f in t.findings) if t is not None and t.findings else frozenset()
 
 
 def _judged(v: NodeView, column: str, healthy: str = OK) -> str:
@@ -98,11 +111,19 @@ def c_links(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     err = nvlink_error_rate(v)
     topo = v.inventory.topology_class if v.inventory is not None else None
     style = _judged(v, "links")
+    words = []
     if topo in SPLIT_TOPOLOGIES:  # every link up, yet not all-to-all: named, whatever the audit says
-        head = _mark(WARN if style == OK else style, f"{topo} {s.links_active}/{want}")
-    else:
-        head = _mark(style, f"{s.links_active}/{want}")
-    return head + (((f" ⚠{err:.0f}/s", WARN),) if err > 0 else ())
+        style = WARN if style == OK else style
+        words.append(topo)
+    if any(c.startswith("fabric.") for c in _codes(v)):
+        words.append("fabric")  # links Active, yet the GPU fabric is not usable: the node screen says why
+    if s.links_down or not words and not err:
+        words.append(f"{s.links_active}/{want}")  # all up beside a named problem: healthy detail, left out
+    if err > 0:
+        if not words:  # every link up: the rising counters are the news
+            return _mark(style if style != OK else WARN, f"err {err:.0f}/s")
+        return _mark(style, " ".join(words)) + ((f" ⚠{err:.0f}/s", WARN),)
+    return _mark(style, " ".join(words))
 
 
 SPLIT_TOPOLOGIES = ("pairs", "partial")
@@ -112,7 +133,13 @@ def c_pcie(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     s = v.summary
     if s is None or s.pcie_worst is None:
         return NONE
-    return _mark(_judged(v, "pcie"), s.pcie_worst.replace(" on GPU ", " GPU"))
+    style = _judged(v, "pcie")
+    if s.pcie_degraded:  # "Gen5 x8 on GPU 4": name what the findings are about (x8, Gen4, or both)
+        gen, width, _, _, gpu = (s.pcie_worst.split(" ") + [""] * 5)[:5]
+        codes = _codes(v)
+        what = [w for w, c in ((gen, "pcie.gen"), (width, "pcie.width")) if c in codes] or [gen, width]
+        return _mark(style, " ".join(what) + f" GPU{gpu}")
+    return _mark(style, s.pcie_worst)
 
 
 def c_ib(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -120,9 +147,13 @@ def c_ib(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     if s is None or (s.ib_expected in (None, 0) and s.ib_up == 0):
         return (("no IB", DIM),)
     want = "?" if s.ib_expected is None else str(s.ib_expected)
-    rate = f" {s.ib_min_rate_gbps:.0f}G" if known(s.ib_min_rate_gbps) else ""
     style = _judged(v, "ib")
-    return _mark(style, f"{s.ib_up}/{want}{rate}") + (
+    words = [] if s.ib_up == s.ib_expected and style != OK else [f"{s.ib_up}/{want}"]
+    if style != OK and known(s.ib_min_rate_gbps) and "ib.rate" in _codes(v):
+        words.append(f"{s.ib_min_rate_gbps:.0f}G")  # the slowest port, named when a rate is the finding
+    if not words:
+        words.append(f"{s.ib_up}/{want}")
+    return _mark(style, " ".join(words)) + (
         ((f" +{s.ib_ethernet}eth", DIM if style == OK else style),) if s.ib_ethernet else ())
 
 
@@ -130,11 +161,10 @@ def c_power(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     s = v.summary
     if s is None or not known(s.power_w):
         return NONE
-    text = f"{kw(s.power_w)}/{kw(s.power_limit_w)}kW"
     style = _judged(v, "power", "")
-    if style:
-        return _mark(style, text) + (((f" cap{s.power_capped}", style),) if s.power_capped else ())
-    return ((text, ""),)
+    if style:  # the capped GPUs first, then the draw (the limits are on the node screen)
+        return _mark(style, (f"cap{s.power_capped} " if s.power_capped else "") + kw(s.power_w))
+    return ((f"{kw(s.power_w)}/{kw(s.power_limit_w)}", ""),)
 
 
 def c_temp(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -143,7 +173,7 @@ def c_temp(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         return NONE
     text = f"{s.hottest_c:.0f}°C G{s.hottest_gpu}"
     style = _judged(v, "temp", "")
-    return _mark(style, text) if style else ((text, ""),)
+    return ((f"{SYMBOL[style]}{text}", style),) if style else ((text, ""),)  # the mark glued on, as in Alerts
 
 
 def c_alerts(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -154,7 +184,7 @@ def c_alerts(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     for sev in ("critical", "warning", "info"):
         if counts.get(sev):
             style = SEVERITY_STYLE[sev]
-            out.append((f"{SYMBOL[style]}{counts[sev]} ", style))
+            out.append((f"{' ' if out else ''}{SYMBOL[style]}{counts[sev]}", style))
     return tuple(out)
 
 
@@ -167,30 +197,41 @@ def _num(x) -> float:
     return x if known(x) else _LAST
 
 
+def _badness(v: NodeView, column: str) -> int:
+    """0 no finding, 1 info, 2 warning, 3 critical: the worst of the node's findings in `column`."""
+    sev = v.summary.marks.get(column) if v.summary is not None else None
+    return 0 if sev is None else max(0, 3 - Severity.rank_of(sev))
+
+
 def s_status(v, live):
     return (_LIVE_RANK[live.state], v.inventory_stale, live.age_s if live.state != "online" else 0)
 
 
 def s_gpus(v, live):
     s = v.summary
-    return (-(s.gpus_lost if s else 0), s.gpu_model or "" if s else "~", s.gpu_count if s else 0)
+    if s is None:
+        return None
+    return (_badness(v, "gpus"), s.gpus_lost, s.gpu_model or "", s.gpu_count)
 
 
 def s_links(v, live):
     s = v.summary
-    return (s.links_down if s else _LAST, nvlink_error_rate(v))
+    if s is None:
+        return None
+    split = v.inventory is not None and v.inventory.topology_class in SPLIT_TOPOLOGIES
+    return (max(_badness(v, "links"), 2 if split else 0), s.links_down, nvlink_error_rate(v))
 
 
 def s_pcie(v, live):
     s = v.summary
-    return (s.pcie_degraded if s else True, s.pcie_worst or "" if s else "")
+    return None if s is None else (_badness(v, "pcie"), s.pcie_degraded)
 
 
 def s_ib(v, live):
     s = v.summary
     if s is None or s.ib_expected is None:
-        return (_LAST, 0)
-    return (s.ib_expected - s.ib_up, -_num(s.ib_min_rate_gbps) if known(s.ib_min_rate_gbps) else 0)
+        return None
+    return (_badness(v, "ib"), s.ib_expected - s.ib_up, -_num(s.ib_min_rate_gbps) if known(s.ib_min_rate_gbps) else 0)
 
 
 def s_alerts(v, live):
@@ -198,26 +239,38 @@ def s_alerts(v, live):
     return (c.get("critical", 0), c.get("warning", 0), c.get("info", 0))
 
 
+def _judged_num(column: str, name: str):
+    """Marked rows first (by severity), then by the number."""
+    def key(v, live):
+        s = v.summary
+        return None if s is None or not known(getattr(s, name)) else (_badness(v, column), getattr(s, name))
+    return key
+
+
 def _summary_num(name: str):
     def key(v, live):
-        return _num(getattr(v.summary, name)) if v.summary is not None else _LAST
+        return getattr(v.summary, name) if v.summary is not None and known(getattr(v.summary, name)) else None
     return key
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("node", "Node", 14, c_node, lambda v, live: v.node, "node name"),
+    Column("node", "Node", 6, c_node, lambda v, live: v.node, "node name", descending=False),
     Column("status", "Status", 11, c_status, s_status, "✓ online, ⚠ stale (no tick for 3 intervals), ✗ lost/off, with age"),
-    Column("alerts", "Alerts", 9, c_alerts, s_alerts, "active alerts: ✗ critical, ⚠ warning, ℹ info"),
-    Column("links", "Links", 16, c_links, s_links, "NVLink links active / expected, ⚠ error counters rising per s"),
-    Column("pcie", "PCIe worst", 14, c_pcie, s_pcie, "the GPU PCIe link the node's audit found short, else the lowest"),
-    Column("ib", "IB up", 11, c_ib, s_ib, "IB ports up / expected and slowest rate; ⚠/✗ the node's IB and HCA findings"),
+    Column("alerts", "Alerts", 7, c_alerts, s_alerts, "active alerts: ✗ critical, ⚠ warning, ℹ info"),
+    Column("links", "Links", 10, c_links, s_links,
+           "NVLink links up / expected; ✗ pairs / partial: not all-to-all, ✗ fabric: the GPU fabric is not "
+           "usable, ⚠ err N/s: error counters rising"),
+    Column("pcie", "PCIe", 10, c_pcie, s_pcie, "the GPU PCIe link the node's audit found short (⚠ x8 GPU4), else the lowest"),
+    Column("ib", "IB", 9, c_ib, s_ib, "IB ports up / expected; ⚠ 100G: the slowest port, when a rate is a finding; "
+           "+Neth: ports in Ethernet mode"),
+    Column("power", "GPU kW", 10, c_power, _judged_num("power", "power_w"),
+           "GPU draw / sum of limits in kW; ⚠ capN: N GPUs with a power.cap or power.limit finding"),
+    Column("temp", "Hottest", 8, c_temp, _judged_num("temp", "hottest_c"), "hottest GPU; ⚠ a thermal finding"),
     Column("nvlink", "NVLink GB/s", 11, c_nvlink, _summary_num("nvlink_bytes_per_s"),
            "NVLink TX+RX over all GPUs and links, and % of the model's spec"),
-    Column("power", "GPU power", 16, c_power, _summary_num("power_w"),
-           "GPU draw / sum of limits, ⚠ capN: GPUs with a power.cap or power.limit finding"),
-    Column("temp", "Hottest", 9, c_temp, _summary_num("hottest_c"), "hottest GPU; ⚠ a thermal finding on the node"),
     Column("gpus", "GPUs", 16, c_gpus, s_gpus, "GPU count × model (✗ when GPUs fell off the bus)"),
-    Column("rack", "Rack", 8, c_rack, lambda v, live: (v.rack is None, clean(v.rack or "")), "rack from the inventory"),
+    Column("rack", "Rack", 8, c_rack, lambda v, live: (v.rack is None, clean(v.rack or "")), "rack from the inventory",
+           descending=False),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 BY_KEY = {c.key: c for c in COLUMNS}

@@ -8,10 +8,19 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from nvmon.tui.rows import BY_KEY, COLUMN_KEYS
+from nvmon.tui.rows import BY_KEY, COLUMN_KEYS, Column
 from nvmon.tui.text import DIM, clean
 from nvmon.tui.widgets.fleet_table import FleetTable
 from nvmon.tui.widgets.header import StatusHeader
+
+
+def order_words(col: Column, descending: bool) -> str:
+    """What ▲ / ▼ mean for this column, in words."""
+    if not col.descending:  # names
+        return "Z→A" if descending else "A→Z"
+    if col.key in ("nvlink",):
+        return "highest first" if descending else "lowest first"
+    return "worst first" if descending else "best first"
 
 
 class FleetScreen(Screen):
@@ -35,9 +44,12 @@ class FleetScreen(Screen):
         yield StatusHeader("fleet")
         yield FleetTable(self.app.state, rack_budget_w=self.rack_budget_w, id="fleet-table")
         yield Static(id="fleet-status")
+        if self.app.notice:  # e.g. what the demo planted where
+            yield Static(Text(clean(self.app.notice, 400), style=DIM, no_wrap=True, overflow="ellipsis", end=""),
+                         id="fleet-notice")
         yield Input(placeholder="filter: words in node/rack/model/labels; online stale offline problem",
                     id="fleet-filter")
-        yield Footer()
+        yield Footer(compact=True)
 
     @property
     def table(self) -> FleetTable:
@@ -55,12 +67,19 @@ class FleetScreen(Screen):
         self.table.sync(now)
         self._show_status()
 
+    def on_fleet_table_scrolled(self, message) -> None:
+        self._show_status()
+
     def _show_status(self) -> None:
         t = self.table
         col = BY_KEY[t.sort_column]
         line = Text(no_wrap=True, overflow="ellipsis", end="")
         line.append(f" {len(t._visible)}/{len(t.state.nodes)} shown", "bold")
-        line.append(f" · sort {col.label} {'▼' if t.reverse else '▲'}", DIM)
+        line.append(f" · sort {col.label} {'▼' if t.reverse else '▲'} {order_words(col, t.reverse)}", DIM)
+        first, last = t.columns_shown()
+        if t.max_scroll_x:  # some columns are off screen: say which are shown, and how to reach the rest
+            line.append(f" · cols {first}-{last}/{len(COLUMN_KEYS)} "
+                        f"{'←' if t.scroll_offset.x else ''}{'→' if t.scroll_offset.x < t.max_scroll_x else ''}", DIM)
         if t.grouped:
             line.append(" · by rack", DIM)
         if t.problems_only:
@@ -87,13 +106,14 @@ class FleetScreen(Screen):
             if t.sort_column == key:
                 t.reverse = not t.reverse
             else:
-                t.sort_column, t.reverse = key, False
+                t.sort_column, t.reverse = key, BY_KEY[key].descending
             t.resort(self.app.now())
             self._show_status()
 
     def action_next_sort(self) -> None:
         t = self.table
         t.sort_column = COLUMN_KEYS[(COLUMN_KEYS.index(t.sort_column) + 1) % len(COLUMN_KEYS)]
+        t.reverse = BY_KEY[t.sort_column].descending  # worst (or largest) first
         t.resort(self.app.now())
         self._show_status()
 

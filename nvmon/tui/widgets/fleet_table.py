@@ -35,9 +35,17 @@ from nvmon.tui.text import DIM, LEVEL_STYLE, OK, SYMBOL, WARN, Segment as Cell, 
 
 RACK_PREFIX = "\x00rack:"  # row keys of rack group headers; node row keys are "cluster/node"
 NO_RACK = "(no rack)"
-PAD = 1  # spaces each side of a cell
-WIDTHS = [c.width + 2 * PAD for c in COLUMNS]
-TOTAL_WIDTH = sum(WIDTHS)
+GAP = 1  # a space before every cell (and after the last): columns one space apart, to fit 80 columns
+NODE_MIN, NODE_MAX = 6, 24  # the node column is as wide as the longest name, within these
+
+
+def layout(node_width: int) -> list[int]:
+    """Each column's cell width (its gap included), for a node column `node_width` wide."""
+    return [(node_width if c.key == "node" else c.width) + GAP for c in COLUMNS]
+
+
+WIDTHS = layout(COLUMNS[0].width)  # with the narrowest node column; a table's own is `FleetTable.widths`
+TOTAL_WIDTH = sum(WIDTHS) + GAP
 
 
 def row_key(key: NodeKey) -> str:
@@ -57,8 +65,8 @@ def _style(spec: str) -> Style:
 
 
 def _cell(cells: tuple[Cell, ...], width: int) -> list[Segment]:
-    """One cell padded and cropped to `width` (+ padding), with an ellipsis when cut."""
-    out = [Segment(" " * PAD)]
+    """One cell: the gap, then its text padded and cropped to `width`, with an ellipsis when cut."""
+    out = [Segment(" " * GAP)]
     used = 0
     for text, style in cells:
         if used >= width:
@@ -68,15 +76,19 @@ def _cell(cells: tuple[Cell, ...], width: int) -> list[Segment]:
             text, n = set_cell_size(text, width - used - 1) + "…", width - used
         out.append(Segment(text, _style(style)))
         used += n
-    out.append(Segment(" " * (width - used + PAD)))
+    out.append(Segment(" " * (width - used)))
     return out
 
 
-def row_strip(cells: tuple[tuple[Cell, ...], ...]) -> Strip:
+def row_strip(cells: tuple[tuple[Cell, ...], ...], widths: list[int] = WIDTHS) -> Strip:
     segments: list[Segment] = []
-    for col, c in zip(COLUMNS, cells):
-        segments += _cell(c, col.width)
-    return Strip(segments, TOTAL_WIDTH)
+    if len(cells) == 1:  # a rack group header: one line across the columns
+        segments += _cell(cells[0], sum(widths) - GAP)
+    else:
+        for w, c in zip(widths, cells):
+            segments += _cell(c, w - GAP)
+    segments.append(Segment(" " * GAP))
+    return Strip(segments, sum(widths) + GAP)
 
 
 class FleetTable(ScrollView, can_focus=True):
@@ -85,7 +97,7 @@ class FleetTable(ScrollView, can_focus=True):
 
     COMPONENT_CLASSES = {"fleet-table--header", "fleet-table--cursor"}
     DEFAULT_CSS = """
-    FleetTable { background: $surface; }
+    FleetTable { background: $surface; scrollbar-size-vertical: 1; scrollbar-size-horizontal: 0; }
     FleetTable > .fleet-table--header { background: $panel; text-style: bold; }
     FleetTable > .fleet-table--cursor { background: $accent 35%; }
     FleetTable:focus > .fleet-table--cursor { background: $accent 60%; }
@@ -94,7 +106,9 @@ class FleetTable(ScrollView, can_focus=True):
         Binding("up", "cursor(-1)", "Up", show=False), Binding("down", "cursor(1)", "Down", show=False),
         Binding("pageup", "page(-1)", show=False), Binding("pagedown", "page(1)", show=False),
         Binding("home", "cursor(-1000000000)", show=False), Binding("end", "cursor(1000000000)", show=False),
-        Binding("left", "scroll_left", show=False), Binding("right", "scroll_right", show=False),
+        # sideways by whole columns (the node column stays); shift+Home / shift+End: first / last columns
+        Binding("left", "column(-1)", show=False), Binding("right", "column(1)", show=False),
+        Binding("shift+home", "column(-1000)", show=False), Binding("shift+end", "column(1000)", show=False),
         Binding("enter", "select", "Node"),
     ]
     cursor_row: reactive[int] = reactive(0, always_update=False)
@@ -109,6 +123,9 @@ class FleetTable(ScrollView, can_focus=True):
         def __init__(self, key: NodeKey):
             super().__init__()
             self.key = key
+
+    class Scrolled(Message):
+        """Scrolled sideways: the screen's status line says which columns are shown."""
 
     class HeaderClicked(Message):
         def __init__(self, column: str):
@@ -133,6 +150,7 @@ class FleetTable(ScrollView, can_focus=True):
         self._aging: set[str] = set()  # rows whose status shows an age that ticks without changes
         self._order: list[str] = []
         self._index: dict[str, int] = {}
+        self.widths = WIDTHS  # the columns' widths now (the node column follows the longest name)
 
     # --- the incremental redraw ---------------------------------------------------------------
 
@@ -268,11 +286,33 @@ class FleetTable(ScrollView, can_focus=True):
         self._index = {rk: i for i, rk in enumerate(order)}
         if self.grouped:
             self._draw_racks(now)
-        self.virtual_size = Size(TOTAL_WIDTH, len(order) + 1)
+        longest = max((len(rk) - len(rk.partition("/")[0]) - 1 for rk in self._rows), default=0)
+        widths = layout(max(NODE_MIN, min(NODE_MAX, longest)))
+        if widths != self.widths:
+            self.widths = widths
+            self._strips.clear()
+        self._fit_virtual(len(order) + 1)
         if current in self._index:
             self.cursor_row = self._index[current]
         self.cursor_row = max(0, min(self.cursor_row, len(order) - 1))
+        # The scroll limits follow the new row count only after the next layout: show the cursor
+        # again then (a cursor moved at once, e.g. End right after `p`, would be off screen).
+        self.call_after_refresh(self._show_cursor)
         self.refresh()
+
+    def _fit_virtual(self, height: int | None = None) -> None:
+        """The virtual size: every row, and wide enough that scrolling sideways as far as it goes
+        stops on a column's edge (the node column stays; the last column ends at or before the
+        right edge)."""
+        view = max(1, self.scrollable_content_region.width - self.widths[0])
+        rest = self.total_width - self.widths[0]
+        last = next((e for e in self.column_edges() if rest - e <= view), 0)
+        width = max(self.total_width, self.widths[0] + last + view)
+        self.virtual_size = Size(width, self.virtual_size.height if height is None else height)
+
+    @property
+    def total_width(self) -> int:
+        return sum(self.widths) + GAP
 
     def _draw_racks(self, now: float) -> None:
         counts: dict[str, int] = {}
@@ -290,16 +330,14 @@ class FleetTable(ScrollView, can_focus=True):
                 (f"{kw(power.power_w)}/{kw(power.power_limit_w)}kW", "bold")
             down = power.nodes - power.reporting
             shown = counts.get(name, 0)
-            # A group header borrows the first columns (visible on 80 columns) for the rack's totals.
-            cells = {
-                "node": (("▾ " + name, "bold reverse"),),
-                "status": ((f"{SYMBOL[WARN]} {down} down", WARN),) if down else ((f"{SYMBOL[OK]} all up", OK),),
-                "alerts": ((f"{power.nodes} nodes", "bold"),),
-                "links": (power_cell,),
-                "pcie": (("rack budget" if budget else "Σ GPU limits", DIM),),
-                "ib": ((f"{shown} shown", DIM),) if shown != power.nodes else (),
-            }
-            if self._draw(rk, tuple(cells.get(c.key, ()) for c in COLUMNS)):
+            # A group header is one line across the columns: the rack's name, liveness and totals.
+            line: list[Cell] = [("▾ " + name, "bold reverse"), ("  ", "")]
+            line.append((f"{SYMBOL[WARN]} {down} down", WARN) if down else (f"{SYMBOL[OK]} all up", OK))
+            line += [(f"  {power.nodes} nodes", "bold"), ("  ", ""), power_cell,
+                     (" rack budget" if budget else " Σ GPU limits", DIM)]
+            if shown != power.nodes:
+                line.append((f"  {shown} shown", DIM))
+            if self._draw(rk, (tuple(line),)):
                 self.refresh()
 
     # --- painting --------------------------------------------------------------------------
@@ -316,33 +354,75 @@ class FleetTable(ScrollView, can_focus=True):
             rk = self._order[index]
             strip = self._strips.get(rk)
             if strip is None:
-                strip = self._strips[rk] = row_strip(self._cells(rk))
+                strip = self._strips[rk] = row_strip(self._cells(rk), self.widths)
                 if self.paint_probe is not None and not rk.startswith(RACK_PREFIX):
                     self.paint_probe(node_key(rk))
             if index == self.cursor_row:
                 strip = strip.apply_style(self.get_component_rich_style("fleet-table--cursor"))
-        # the node column stays put when scrolling sideways
-        first = WIDTHS[0]
-        if scroll_x:
+        # the node column stays put when scrolling sideways (a rack header line does not scroll)
+        first = self.widths[0]
+        if scroll_x and (y == 0 or not rk.startswith(RACK_PREFIX)):
             strip = Strip.join([strip.crop(0, first), strip.crop(first + scroll_x, first + scroll_x + width - first)])
         return strip.crop_extend(0, width, self.rich_style)
 
     def _header(self) -> Strip:
         style = self.get_component_rich_style("fleet-table--header")
         cells = []
-        for c in COLUMNS:
-            mark = (" ▼" if self.reverse else " ▲") if c.key == self.sort_column else ""
-            cells.append(((c.label + mark, ""),))
-        return row_strip(tuple(cells)).apply_style(style)
+        for c, w in zip(COLUMNS, self.widths):
+            mark = ("▼" if self.reverse else "▲") if c.key == self.sort_column else ""
+            gap = " " if mark and len(c.label) + 2 <= w - GAP else ""  # "Hottest▲" where " ▲" does not fit
+            cells.append(((c.label + gap + mark, ""),))
+        return row_strip(tuple(cells), self.widths).apply_style(style)
+
+    def watch_scroll_x(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_x(old_value, new_value)
+        if round(old_value) != round(new_value):
+            self.post_message(self.Scrolled())
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_virtual()
+        self.post_message(self.Scrolled())  # which columns fit changed
+        self.call_after_refresh(self._show_cursor)
 
     def watch_cursor_row(self, old: int, new: int) -> None:
         self.refresh()
+        self._show_cursor()
+
+    def _show_cursor(self) -> None:
+        """Scroll so that the cursor's row is on screen (forced: right after a reorder the scroll
+        bars, and so the allowed scrolling, still follow the old row count)."""
         top = self.scroll_offset.y
-        visible = max(1, self.size.height - 1)
-        if new < top:
-            self.scroll_to(y=new, animate=False)
-        elif new >= top + visible:
-            self.scroll_to(y=new - visible + 1, animate=False)
+        visible = max(1, self.scrollable_content_region.height - 1)
+        row = self.cursor_row
+        if row < top:
+            self.scroll_to(y=row, animate=False, force=True, immediate=True)
+        elif row >= top + visible:
+            self.scroll_to(y=row - visible + 1, animate=False, force=True, immediate=True)
+
+    # --- sideways, by columns ----------------------------------------------------------------
+
+    def column_edges(self) -> list[int]:
+        """The scroll offsets that start each column after the (fixed) node column."""
+        edges, x = [], 0
+        for w in self.widths[1:]:
+            edges.append(x)
+            x += w
+        return edges
+
+    def action_column(self, delta: int) -> None:
+        """Scroll sideways by `delta` columns (the node column stays); at most to the last ones."""
+        x, edges = round(self.scroll_offset.x), self.column_edges()
+        first = max(i for i, e in enumerate(edges) if e <= x)
+        if delta > 0 and x >= self.max_scroll_x:
+            return
+        target = edges[max(0, min(len(edges) - 1, first + delta))]
+        self.scroll_to(x=min(target, self.max_scroll_x), animate=False, force=True, immediate=True)
+
+    def columns_shown(self) -> tuple[int, int]:
+        """(first, last) column numbers (1-based, the node column is 1) wholly or partly on screen."""
+        x, width = round(self.scroll_offset.x), self.scrollable_content_region.width - self.widths[0]
+        shown = [i + 2 for i, e in enumerate(self.column_edges()) if e + self.widths[i + 1] > x and e < x + width]
+        return (shown[0] if shown else 2, shown[-1] if shown else 2)
 
     def _cells(self, rk: str) -> tuple:
         cells = self._segs.get(rk)
@@ -375,8 +455,11 @@ class FleetTable(ScrollView, can_focus=True):
         self.cursor_row = max(0, min(row, len(self._order) - 1))
 
     def row_cells(self, row: int) -> dict[str, str]:
-        """The plain text of a row's cells by column key (tests, accessibility)."""
+        """The plain text of a row's cells by column key (tests, accessibility); a rack group
+        header's one line is its `node`."""
         cells = self._cells(self._order[row])
+        if len(cells) == 1:
+            return {c.key: "".join(t for t, _ in cells[0]) if c.key == "node" else "" for c in COLUMNS}
         return {c.key: "".join(t for t, _ in cell) for c, cell in zip(COLUMNS, cells)}
 
     def action_cursor(self, delta: int) -> None:
@@ -393,9 +476,9 @@ class FleetTable(ScrollView, can_focus=True):
     def on_click(self, event: events.Click) -> None:
         scroll_x, scroll_y = self.scroll_offset
         if event.y == 0:
-            x = event.x if event.x < WIDTHS[0] else event.x + scroll_x
+            x = event.x if event.x < self.widths[0] else event.x + scroll_x
             edge = 0
-            for col, w in zip(COLUMNS, WIDTHS):
+            for col, w in zip(COLUMNS, self.widths):
                 edge += w
                 if x < edge:
                     self.post_message(self.HeaderClicked(col.key))

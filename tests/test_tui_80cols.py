@@ -1,0 +1,118 @@
+"""The TUI at 80×24 (issue 15): the problem columns fit without scrolling, sideways scrolling moves by
+whole columns, the cursor stays on screen after a re-filter, and the sort puts the worst first.
+Driven with Pilot on the deterministic simulated fleet; what is checked is the text on screen."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from tuifleet import OFFLINE, STALE, column_plain, make_app, shared_showcase
+
+from nvmon.loadgen.state import SHOWCASE_FAULTS, simulated_state
+from nvmon.tui.screens.fleet import FleetScreen
+from nvmon.tui.screens.node import NodeScreen
+from nvmon.tui.widgets.fleet_table import FleetTable
+
+SMALL = (80, 24)
+
+
+def screen_text(app) -> list[str]:
+    """The terminal's lines as plain text (what a user sees, scrolled as it is)."""
+    width = app.size.width
+    console = Console(width=width, file=io.StringIO(), color_system=None, record=True, legacy_windows=False)
+    console.print(app.screen._compositor.render_update(full=True))
+    return [line.rstrip() for line in console.export_text().splitlines()][: app.size.height]
+
+
+def row_of(lines: list[str], node: str) -> str:
+    return next(line for line in lines if line.startswith(f" {node} "))
+
+
+async def test_problem_columns_fit_80_columns():
+    sim = shared_showcase()
+    app = make_app(sim)
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+        lines = screen_text(app)
+        assert all(len(line) <= 80 for line in lines)
+        assert lines[2].split() == ["Node", "▲", "Status", "Alerts", "Links", "PCIe", "IB", "GPU", "kW", "Hottest"]
+        # Every planted fault of the showcase fleet is named on its row, no scrolling.
+        marks = {1: "⚠ pairs", 2: "⚠ x8 GPU3", 3: "⚠ 100G", 4: "⚠ cap1", 5: "✗ 143/144", OFFLINE: "✗ lost",
+                 STALE: "⚠ stale", 9: "⚠92°C G6"}
+        for i, mark in marks.items():
+            assert mark in row_of(lines, sim.names[i]), (mark, row_of(lines, sim.names[i]))
+        healthy = row_of(lines, sim.names[0])
+        assert "✓ online" in healthy and "✓ 144/144" in healthy and "✓ 8/8" in healthy and "68°C G3" in healthy
+        assert "cols 2-8/11 →" in lines[-2]  # the status line says more columns are to the right
+        footer = lines[-1]
+        assert "q Quit" in footer and "? Help" in footer and "p Problems" in footer
+
+
+async def test_sideways_scroll_moves_by_columns():
+    app = make_app(shared_showcase())
+    async with app.run_test(size=SMALL) as pilot:
+        t = app.screen.query_one(FleetTable)
+        await pilot.press("right")
+        assert screen_text(app)[2].split()[:4] == ["Node", "▲", "Alerts", "Links"]  # Status went, whole
+        await pilot.press("right", "right")
+        assert screen_text(app)[2].split()[:3] == ["Node", "▲", "PCIe"]
+        await pilot.press("shift+end")
+        lines = screen_text(app)
+        assert lines[2].split()[-1] == "Rack" and "8×H100 80GB HBM3 rack-00" in lines[3]
+        assert lines[3].startswith(" sim-000 ")  # the node column stays
+        assert "cols 6-11/11 ←" in lines[-2]
+        x = t.scroll_offset.x
+        await pilot.press("right")  # nothing further
+        assert t.scroll_offset.x == x
+        await pilot.press("left")
+        assert screen_text(app)[2].split()[:3] == ["Node", "▲", "PCIe"]
+        await pilot.press("shift+home")
+        assert t.scroll_offset.x == 0 and screen_text(app)[2].split()[2] == "Status"
+
+
+async def test_cursor_stays_in_view_after_refilter_and_end():
+    """201 nodes: `p`, then `p` and End at once. The cursor's row must be on screen and Enter opens it."""
+    sim = simulated_state(201, racks=10, faults=SHOWCASE_FAULTS)
+    app = make_app(sim)
+    async with app.run_test(size=SMALL) as pilot:
+        t = app.screen.query_one(FleetTable)
+        await pilot.press("p")
+        assert t.row_count < 201
+        # `p` and End in one go: End lands before the table's new height reaches the layout
+        app.screen.action_problems()
+        t.action_cursor(10**9)
+        assert t.cursor_row == 200
+        await pilot.pause()
+        lines = screen_text(app)
+        assert any(line.startswith(f" {sim.names[200]} ") for line in lines), "\n".join(lines)
+        assert t.scroll_offset.y <= 200 < t.scroll_offset.y + t.scrollable_content_region.height - 1
+        await pilot.press("home")
+        assert t.cursor_row == 0 and t.scroll_offset.y == 0
+        await pilot.press("p")
+        app.screen.action_problems()
+        t.action_cursor(10**9)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen) and app.screen.key[1] == sim.names[200]
+
+
+async def test_first_sort_puts_the_worst_first():
+    sim = shared_showcase()
+    app = make_app(sim)
+    async with app.run_test(size=(160, 48)) as pilot:
+        t = app.screen.query_one(FleetTable)
+        screen = app.screen
+        assert isinstance(screen, FleetScreen)
+        for key, first in (("links", {5}), ("alerts", {5}), ("pcie", {2}), ("ib", {3}), ("power", {4}),
+                           ("temp", {9})):
+            t.sort_column, t.reverse = "node", False
+            while t.sort_column != key:
+                await pilot.press("s")
+            assert t.reverse, key  # ▼: worst first
+            nodes = column_plain(t, "node")
+            assert {sim.names.index(nodes[0])} == first, (key, nodes)
+            if key == "links":  # a pairs box (a warning) ranks before every healthy node
+                assert nodes[1] == sim.names[1], nodes
+        status = screen.query_one("#fleet-status").render()
+        assert "worst first" in str(status)
