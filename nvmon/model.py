@@ -12,6 +12,7 @@ cumulative counters keep their raw value, and `*_delta` holds their rise over th
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
+from enum import IntEnum, IntFlag
 from typing import Any
 
 SCHEMA = 1
@@ -26,23 +27,64 @@ IB_ERROR_KINDS = (
 )
 
 # The names of `GpuSample.throttle_reasons` and `IbPortSample.state`/`phys_state`, here rather than
-# in the collectors because the store and the exporter encode and decode them too.
-# nvmlClocksEventReason* bits (pynvml P:2190-2226) → the names nvmon reports.
-THROTTLE_BITS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal"),
-    (0x40, "hw_thermal"),
-    (0x80, "hw_power_brake"),
-    (0x100, "display_clocks"),
-)
-# InfiniBand port state and physical state numbers (sysfs "4: ACTIVE", "5: LinkUp") → names.
-IB_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
-IB_PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining",
-                  5: "LinkUp", 6: "LinkErrorRecovery", 7: "Phy Test"}
+# in the collectors because the store and the exporter encode and decode them too. Each is declared
+# once as a typed enum; the tables after each are derived from it for the code that maps numbers to
+# the names the Sample, the wire and the docs carry.
+
+
+class Throttle(IntFlag):
+    """nvmlClocksEventReason* bits (pynvml P:2190-2226); `reported` is the name nvmon reports."""
+
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL = 0x20
+    HW_THERMAL = 0x40
+    HW_POWER_BRAKE = 0x80
+    DISPLAY_CLOCKS = 0x100
+
+    @property
+    def reported(self) -> str:
+        return (self.name or "").lower()
+
+
+THROTTLE_BITS = tuple((int(m), m.reported) for m in Throttle)  # (bit, name), in bit order
+
+
+class IbState(IntEnum):
+    """An InfiniBand port's logical state, as sysfs `state` writes it ("4: ACTIVE")."""
+
+    NOP = 0
+    DOWN = 1
+    INIT = 2
+    ARMED = 3
+    ACTIVE = 4
+    ACTIVE_DEFER = 5
+
+
+class IbPhysState(IntEnum):
+    """An InfiniBand port's physical state, as sysfs `phys_state` writes it ("5: LinkUp"); `text`
+    is the kernel's spelling (one has a space)."""
+
+    def __new__(cls, value: int, text: str) -> IbPhysState:
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.text = text
+        return member
+
+    SLEEP = 1, "Sleep"
+    POLLING = 2, "Polling"
+    DISABLED = 3, "Disabled"
+    PORT_CONFIGURATION_TRAINING = 4, "PortConfigurationTraining"
+    LINK_UP = 5, "LinkUp"
+    LINK_ERROR_RECOVERY = 6, "LinkErrorRecovery"
+    PHY_TEST = 7, "Phy Test"
+
+
+IB_STATES = {int(m): m.name for m in IbState}  # sysfs number -> name
+IB_PHYS_STATES = {int(m): m.text for m in IbPhysState}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +104,15 @@ class PcieLink:
 
 # GPU fabric (NVSwitch boards, configured by Fabric Manager): nvmlGpuFabricState_t and the fields of
 # nvmlGpuFabricInfo's healthMask, (name, shift, width) as nvml.h defines them (NVML-FACTS §8).
-FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
+class FabricState(IntEnum):
+    """nvmlGpuFabricState_t: NVML_GPU_FABRIC_STATE_NOT_STARTED .. _COMPLETED."""
+
+    NOT_STARTED = 1
+    IN_PROGRESS = 2
+    COMPLETED = 3
+
+
+FABRIC_STATES = {int(m): m.name.lower() for m in FabricState}
 FABRIC_HEALTH_FIELDS = (
     ("degraded_bandwidth", 0, 0x3),  # 0 n/a, 1 true, 2 false (so are the next three)
     ("route_recovery", 2, 0x3),
