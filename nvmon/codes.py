@@ -84,6 +84,10 @@ NODE_CODES: dict[str, Code] = {
                             "the PSUs and the rack power budget"),
     "power.cap": Code(_W, "GPU held at its power limit: check the enforced limit, PSUs and rack budget; "
                           "expected only briefly at peak load"),
+    # HW slowdown (clocks cut by half or more) from the power-brake signal, or with no cause NVML names.
+    "power.brake": Code(_C, "GPU clocks held down by HW slowdown / power brake (half speed or less): nvidia-smi -q -d "
+                            "PERFORMANCE; the board's power-brake signal comes from power delivery: check the PSUs "
+                            "and their cables, the BMC event log (ipmitool sel list) and the chassis power budget"),
     "thermal": Code(_W, "GPU thermal slowdown: check airflow, fans, inlet temperature and blanking panels"),
     # The NVSwitch fabric (nvmon.audit.fabric): one not-ready / status finding per node (Fabric
     # Manager serves the board), health per GPU with its field's severity (critical the most).

@@ -175,7 +175,7 @@ def _nvlink_cell(gpu: GpuSample, found: _Findings) -> Text:
 
 
 # Throttle (clocks event) reasons → short flags. They are states: the audit decides whether one
-# is a problem (power.cap, thermal), and only then are they shown loud.
+# is a problem (power.cap, power.brake, thermal), and only then are they shown loud.
 _THROTTLE_FLAGS = {
     "sw_power_cap": "pwrcap", "hw_power_brake": "brake", "sw_thermal": "thermal", "hw_thermal": "thermal",
     "hw_slowdown": "hwslow", "sync_boost": "sync", "applications_clocks": "appclk",
@@ -183,6 +183,7 @@ _THROTTLE_FLAGS = {
 }
 _POWER_FLAGS = {"pwrcap", "brake"}
 _THERMAL_FLAGS = {"thermal", "hwslow"}
+_BRAKE_FLAGS = {"brake", "hwslow"}  # power.brake: HW slowdown from the power brake, or with no cause named
 _CELL_CODES = {"pcie.width", "pcie.gen", "nvlink.link_down", "nvlink.speed", "gpu.lost"}  # shown in their cells
 
 
@@ -202,7 +203,7 @@ def _flags_cell(gpu: GpuSample, found: _Findings) -> Text:
         if flag not in flags:
             flags.append(flag)
     loud = [f for f in flags if (f in _POWER_FLAGS and "power.cap" in codes)
-            or (f in _THERMAL_FLAGS and "thermal" in codes)]
+            or (f in _THERMAL_FLAGS and "thermal" in codes) or (f in _BRAKE_FLAGS and "power.brake" in codes)]
     quiet = [f for f in flags if f not in loud]
     if "power.cap" in codes and not _POWER_FLAGS & set(loud):
         loud.append("pwr@lim")

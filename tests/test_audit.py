@@ -190,7 +190,8 @@ def test_power_at_limit():
     assert f.gpu == 6
 
 
-@pytest.mark.parametrize("changes", [{"temperature_c": 90.0}, {"throttle_reasons": ("hw_slowdown",)}])
+# HW slowdown alone (no cause named) is power.brake's (tests/test_power_rules.py); with HW thermal, thermal's.
+@pytest.mark.parametrize("changes", [{"temperature_c": 90.0}, {"throttle_reasons": ("hw_slowdown", "hw_thermal")}])
 def test_thermal(changes):
     [f] = only(audit(with_gpu(healthy_sample(), 2, **changes), EXPECT), "thermal")
     assert (f.gpu, f.severity) == (2, "warning")

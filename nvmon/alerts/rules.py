@@ -38,7 +38,14 @@ from nvmon.specs import NodeSpec
 log = logging.getLogger("nvmon.alerts")
 
 # Built-in settings of a rule, between a config override and the `[alerts]` defaults.
-RULE_DEFAULTS: dict[str, dict[str, float]] = {"gpu.xid": {"for_s": 0.0, "window_s": 600.0, "min_count": 1}}
+RULE_DEFAULTS: dict[str, dict[str, float]] = {
+    "gpu.xid": {"for_s": 0.0, "window_s": 600.0, "min_count": 1},
+    # A brake held a minute pages once; one that flickers (gaps under clear_s) stays that one alert.
+    "power.brake": {"for_s": 60.0, "clear_s": 300.0},
+}
+# States whose alert says how long they have held ("active for 3 h 12 min", value: seconds held),
+# counted from the first tick of the episode: gaps shorter than the rule's clear_s do not restart it.
+HELD_CODES = frozenset({"power.brake"})
 PER_FINDING_SEVERITY = frozenset({"gpu.xid", "nvlink.topology", "fabric.health"})  # the finding's severity (its Xid; a split board: warning) unless overridden
 # Links train up after a reboot (NVLink through the fabric manager, IB through the subnet manager,
 # PCIe at power-on, the NVSwitch fabric some seconds after the driver loads, once Fabric Manager has
@@ -74,7 +81,7 @@ def rule_book(settings: AlertsSettings, interval_s: float) -> dict[str, RuleSpec
             continue
         d = RULE_DEFAULTS.get(code, {})
         for_s = o.for_s if o is not None and o.for_s is not None else d.get("for_s", settings.for_s)
-        clear_s = o.clear_s if o is not None and o.clear_s is not None else settings.clear_s
+        clear_s = o.clear_s if o is not None and o.clear_s is not None else d.get("clear_s", settings.clear_s)
         rate = code in RATE_CODES
         book[code] = RuleSpec(
             code=code, severity=(o.severity if o is not None and o.severity else severity), for_s=for_s,
@@ -140,6 +147,7 @@ class NodeRules:
         self.errors = 0  # findings that could not be turned into a condition (bugs), counted
         self._fps: dict[tuple, str] = {}
         self._windows: dict[str, _Window] = {}
+        self._held: dict[str, list[float]] = {}  # HELD_CODES: fingerprint → [since, last seen, clear_s]
 
     def fingerprint(self, code: str, gpu=None, link=None, device=None, port=None, xid=None) -> str:
         key = (code, gpu, link, device, port, xid)
@@ -162,10 +170,14 @@ class NodeRules:
             try:
                 if rule.window_s is not None:
                     self._observe(f, now)
+                elif f.code in HELD_CODES:
+                    out.append(self._held_condition(f, rule, now))
                 else:
                     out.append(self._condition(f, rule))
             except Exception:  # one rule's bug must not cost the others
                 self._error(f.code)
+        if self._held:
+            self._forget_held(now)
         return out + self._rate_conditions(now)
 
     def holds(self, sample: Sample) -> Callable[[AlertRecord], bool]:
@@ -192,6 +204,22 @@ class NodeRules:
         return Condition(self.fingerprint(f.code, f.gpu, f.link, f.device, f.port, f.xid), f.code, f.message,
                          runbook, f.gpu, f.link, f.device, f.port, observed, to_jsonable(f.expected),
                          f.severity if rule.finding_severity else None)
+
+    def _held_condition(self, f: Finding, rule: RuleSpec, now: float) -> Condition:
+        c = self._condition(f, rule)
+        held = self._held.get(c.fingerprint)
+        if held is None or now - held[1] >= rule.clear_s:
+            held = self._held[c.fingerprint] = [now, now, rule.clear_s]
+        held[1] = now
+        seconds = now - held[0]
+        head, sep, rest = f.message.partition(":")
+        summary = f"{head} for {held_words(seconds)}{sep}{rest}"
+        return c._replace(summary=summary, value=round(seconds))
+
+    def _forget_held(self, now: float) -> None:
+        for fp, (_, seen, clear_s) in list(self._held.items()):
+            if now - seen >= clear_s:
+                del self._held[fp]
 
     def _observe(self, f: Finding, now: float) -> None:
         fp = self.fingerprint(f.code, f.gpu, f.link, f.device, f.port, f.xid)
@@ -253,3 +281,18 @@ class NodeRules:
                              {"xid": f.xid, "events": total}, rule.min_count,
                              f.severity if rule.finding_severity else None)
         return Condition(fp, f.code, summary, rule.runbook, f.gpu, f.link, f.device, f.port, total, rule.min_count)
+
+
+def held_words(seconds: float) -> str:
+    """'45 s', '12 min', '3 h 12 min', '2 d 4 h': how long a state has held, for an alert summary."""
+    s = int(max(0.0, seconds))
+    if s < 120:
+        return f"{s} s"
+    m = s // 60
+    if m < 60:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"

@@ -25,6 +25,7 @@ from nvmon.audit.fabric import _check_fabric
 from nvmon.audit.board import SPLIT_BOARDS, _check_topology, _expected_board, describe_board
 from nvmon.audit.findings import (
     AUDIT_SCHEMA,
+    BRAKE_THROTTLES,
     EXIT_CODES,
     POWER_THROTTLES,
     RULES,
@@ -42,7 +43,8 @@ from nvmon.model import Sample, to_jsonable
 from nvmon.specs import NodeSpec, gpu_spec_for
 
 __all__ = [
-    "AUDIT_SCHEMA", "EXIT_CODES", "POWER_THROTTLES", "RULES", "SPLIT_BOARDS", "THERMAL_THROTTLES", "AuditReport",
+    "AUDIT_SCHEMA", "BRAKE_THROTTLES", "EXIT_CODES", "POWER_THROTTLES", "RULES", "SPLIT_BOARDS", "THERMAL_THROTTLES",
+    "AuditReport",
     "Finding", "Judge", "Thresholds", "audit", "describe_board", "finding_to_dict", "is_busy", "nvlink_bytes_per_s",
     "report_to_dict", "_is_active", "_is_down",
 ]

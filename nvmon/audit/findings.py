@@ -13,8 +13,11 @@ AUDIT_SCHEMA = 1  # version of the `nvmon audit --json` contract
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2, "unknown": 3}  # Nagios plugin convention
 
 # Throttle (clocks event) reason names as the collector spells them.
-POWER_THROTTLES = ("sw_power_cap", "hw_power_brake")
-THERMAL_THROTTLES = ("sw_thermal", "hw_thermal", "hw_slowdown")
+# Each reason belongs to one code: power.cap (software cap), power.brake (HW slowdown from the
+# power-brake signal, or with no cause named), thermal (HW slowdown NVML says is thermal, and SW).
+POWER_THROTTLES = ("sw_power_cap",)
+BRAKE_THROTTLES = ("hw_power_brake", "hw_slowdown")
+THERMAL_THROTTLES = ("sw_thermal", "hw_thermal")
 
 RULES: dict[str, Severity] = {code: c.severity for code, c in NODE_CODES.items()}  # the stable set
 

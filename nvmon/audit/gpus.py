@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nvmon import xid as xids
 from nvmon.audit.findings import (
+    BRAKE_THROTTLES,
     POWER_THROTTLES,
     THERMAL_THROTTLES,
     Finding,
@@ -141,6 +142,7 @@ def _check_power_thermal(gpu: GpuSample, spec: GpuSpec | None, busy: bool, t: Th
             f"GPU {i} power-capped ({why}) at {_fmt_w(gpu.power_w)} of {_fmt_w(gpu.power_limit_w)}",
             gpu=i, observed={"power_w": gpu.power_w, "throttle": list(capped_by)},
             expected={"power_limit_w": gpu.power_limit_w}))
+    out += _check_brake(gpu)
     hot_by = [r for r in THERMAL_THROTTLES if r in (gpu.throttle_reasons or ())]
     too_hot = gpu.temperature_c is not None and gpu.temperature_c >= t.temperature_c
     if hot_by or too_hot:
@@ -152,3 +154,22 @@ def _check_power_thermal(gpu: GpuSample, spec: GpuSpec | None, busy: bool, t: Th
             gpu=i, observed={"temperature_c": gpu.temperature_c, "throttle": hot_by},
             expected={"temperature_c_below": t.temperature_c}))
     return out
+
+
+def _check_brake(gpu: GpuSample) -> list[Finding]:
+    """HW slowdown: clocks cut by half or more, busy or not (NVML's clock event reasons).
+
+    The HW power brake is an external signal (power delivery in trouble); HW slowdown without a
+    cause NVML names is judged with it. HW slowdown with HW thermal is the `thermal` finding's.
+    A state, judged per sample: how long it has held is the alert rule's (`power.brake` reads
+    "active for 3 h 12 min" there, its for-duration keeps a flicker from paging)."""
+    reasons = gpu.throttle_reasons or ()
+    braked = [r for r in BRAKE_THROTTLES if r in reasons]
+    if not braked or ("hw_power_brake" not in braked and "hw_thermal" in reasons):
+        return []
+    what = "HW power brake" if "hw_power_brake" in braked else "HW slowdown (no cause reported)"
+    return [_finding(
+        "power.brake",
+        f"GPU {gpu.index} {what} active: clocks cut by half or more; check the PSUs, power cables and the "
+        "BMC event log",
+        gpu=gpu.index, observed={"throttle": braked}, expected={"throttle": []})]

@@ -341,6 +341,9 @@ class SimBoard:
             reasons |= 0x4  # SwPowerCap
         if self.hot(gpu, t):
             reasons |= 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
+        if any(f.gpu == gpu for f in self.faults("power_brake", t)):
+            # HwPowerBrakeSlowdown, and HwSlowdown: nvml.h names a power-brake assertion among its causes
+            reasons |= 0x80 | 0x8
         return reasons
 
     def pcie_gen(self, gpu: int, t: float) -> int:

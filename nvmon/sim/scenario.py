@@ -32,6 +32,8 @@ Keys (repeatable unless noted):
     ib_pcie_width=P[:W]    the port's HCA trained at PCIe xW of x16 (default x8)
     power_cap=G[:W]        enforced power limit lowered (default 60 % of spec); throttles under load
     thermal=G              GPU hot (92 °C) with thermal slowdown
+    power_brake=G          the board asserts the HW power brake on GPU G: clock event reasons
+                           HwPowerBrakeSlowdown and HwSlowdown (0x80 | 0x8), busy or idle
     gpu_lost=G             GPU has fallen off the bus (NVML: GPU is lost)
     xid=G:N                NVML delivers one Xid critical-error event N on GPU G (e.g. xid=3:79@10);
                            the event only: add gpu_lost=G for a GPU that also falls off the bus
@@ -62,7 +64,7 @@ LOADS = ("idle", "allreduce", "busy")
 NOTSUP = ("temperature", "utilization", "throttle", "energy", "nvlink_state_field", "pcie_bytes", "xid_events")
 FAULT_KEYS = (
     "nvlink_down", "nvlink_errors", "pcie_width", "pcie_gen", "ib_down", "ib_rate", "ib_eth",
-    "ib_errors", "ib_pcie_width", "power_cap", "thermal", "gpu_lost", "notsup", "xid",
+    "ib_errors", "ib_pcie_width", "power_cap", "power_brake", "thermal", "gpu_lost", "notsup", "xid",
     "fabric", "fabric_status", "fabric_health",
 )
 FABRIC_STATES = ("not_started", "in_progress")
@@ -212,7 +214,7 @@ def _parse_fault(kind: str, value: str, spec: str) -> Fault:
         if arg is None:
             raise SimSpecError(f"--sim {spec!r}: xid takes GPU:XID, e.g. xid=3:79")
         return Fault(kind, gpu=gpu, value=float(_int(arg, "Xid number", spec)), after_s=after, until_s=until)
-    if kind in ("thermal", "gpu_lost"):
+    if kind in ("thermal", "gpu_lost", "power_brake"):
         if arg is not None:
             raise SimSpecError(f"--sim {spec!r}: {kind} takes only a GPU number")
         return Fault(kind, gpu=gpu, after_s=after, until_s=until)
