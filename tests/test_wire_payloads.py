@@ -217,6 +217,22 @@ def test_inventory_reads_back():
     # Counts stay integers through the reader: the fleet view compares ib_ports with ports up.
     assert type(inv.spec["node"]["ib_ports"]) is int and type(inv.spec["models"][0]["power_limit_w"]) is int
     assert Facts.of(inv).ib_expected == 8
+    # the catalog's static metrics come back by name, in the metric's units
+    facts = inv.gpus[0].facts
+    assert {k: facts[k] for k in ("sm_clock_max_hz", "mem_clock_max_hz", "fb_total_bytes")} == {
+        "sm_clock_max_hz": 1_980_000_000, "mem_clock_max_hz": 2_619_000_000,
+        "fb_total_bytes": s.gpus[0].values["fb_total_bytes"]}
+
+
+def test_inventory_without_the_catalogs_facts_reads_and_a_bad_one_is_refused():
+    d = json.loads(inventory_payload(healthy_sample(), cluster="c1"))
+    for g in d["gpus"]:
+        del g["sm_clock_max_hz"], g["fb_total_bytes"]  # an older daemon's inventory: no such keys
+    inv = read("inventory", json.dumps(d).encode())
+    assert "mem_clock_max_hz" in inv.gpus[0].facts and not {"sm_clock_max_hz", "fb_total_bytes"} & set(inv.gpus[0].facts)
+    d["gpus"][1]["fb_total_bytes"] = "80 GB"
+    with pytest.raises(WireError, match=r"gpus\[1\]\.fb_total_bytes: expected number"):
+        read("inventory", json.dumps(d).encode())
 
 
 def test_inventory_must_match_its_topic():

@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from nvmon.catalog import GPU_WIRE_READ, show
+from nvmon.catalog import GPU_WIRE_FACTS, GPU_WIRE_READ, show
 from nvmon.codes import Severity
 from nvmon.fleet.state import NodeView
 from nvmon.tui.rows import c_status
@@ -159,20 +159,26 @@ _FORMATS = {"mhz": lambda v: f"{v / 1e6:.0f} MHz", "mib": lambda v: f"{v / 2**30
 
 def metrics_table(view: NodeView) -> Table | Text:
     """The per-GPU values the wire carries through the catalog (clocks, framebuffer, memory
-    temperature, and any metric added there later), one column each, labelled by the catalog."""
+    temperature, and any metric added there later), one column each, labelled by the catalog; then
+    the static ones the inventory carries (clock maxima, framebuffer size), dimmed."""
     t = view.tick
     shown = [m for m in GPU_WIRE_READ if t is not None and any(m.name in g.values for g in t.gpus)]
     if not shown:
         return Text("")
-    table = _table("GPU", *(m.label for m in shown), title="Clocks and memory")
+    facts = {g.index: g.facts for g in view.inventory.gpus} if view.inventory is not None else {}
+    static = [m for m in GPU_WIRE_FACTS if any(m.name in f for f in facts.values())]
+    table = _table("GPU", *(m.label for m in shown + static), title="Clocks and memory")
     for g in t.gpus:
-        cells = []
-        for m in shown:
-            v = g.values.get(m.name)
-            as_text = _FORMATS[m.fmt] if m.fmt in _FORMATS else partial(show, m.unit)
-            cells.append(T("–", DIM) if not known(v) else T(as_text(v)))
+        cells = [_metric_cell(m, g.values.get(m.name)) for m in shown]
+        cells += [_metric_cell(m, facts.get(g.index, {}).get(m.name), DIM) for m in static]
         table.add_row(T(str(g.index), "bold"), *cells)
     return _fit(table)
+
+
+def _metric_cell(m, v, style: str = "") -> Text:
+    if not known(v):
+        return T("–", DIM)
+    return T((_FORMATS[m.fmt] if m.fmt in _FORMATS else partial(show, m.unit))(v), style)
 
 
 def _block(pct: float | None) -> str:

@@ -185,6 +185,9 @@ class GpuInfo:
     pcie: PcieInfo
     link_count: int | None
     links: tuple[LinkInfo, ...]
+    # The catalog's static per-GPU metrics the inventory carries (GPU_WIRE_FACTS: clock maxima,
+    # framebuffer size), by metric name, in the metric's units; absent when not sent or not known.
+    facts: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

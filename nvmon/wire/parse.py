@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from itertools import chain
 
-from nvmon.catalog import GPU_WIRE_READ
+from nvmon.catalog import GPU_WIRE_FACTS, GPU_WIRE_READ
 from nvmon.wire.checks import (
     MAX_RATE,
     MAX_TS,
@@ -113,7 +113,19 @@ def _gpu_info(v: object, path: str) -> GpuInfo:
         link_count=integer(d.get("link_count"), f"{path}.link_count", 0, MAX_LINKS),
         links=tuple(_link_info(x, f"{path}.links[{i}]")
                     for i, x in enumerate(array(d.get("links", []), f"{path}.links", MAX_LINKS))),
+        facts=_gpu_facts(d, path),
     )
+
+
+def _gpu_facts(d: dict, path: str) -> dict[str, float]:
+    """The catalog's static metrics of one GPU (`sm_clock_max_hz`, `fb_total_bytes`, ...): numbers
+    within MAX_RATE; a null or a missing key is left out."""
+    out = {}
+    for m in GPU_WIRE_FACTS:
+        v = number(d.get(m.wire), f"{path}.{m.wire}")
+        if v is not None:
+            out[m.name] = v
+    return out
 
 
 def _inventory(d: dict, cluster: str, node: str, ts: float) -> Inventory:
