@@ -825,12 +825,52 @@ def test_promtool_lints_only_dcgm_exporters_own_choices():
     assert "# HELP nvmon_gpu_lost" in own and 'model_name="' in own
 
 
+# NVIDIA's own dcgm-exporter dashboard (grafana/dcgm-exporter-dashboard.json in NVIDIA/dcgm-exporter,
+# read at d5e5f51, the `hostname` commit: 8 panels, variables instance and gpu), its PromQL by panel.
+# nvmon measures all but the tensor pipe (a DCGM profiling field NVML does not expose: docs/prometheus.md).
+NVIDIA_DASHBOARD = {
+    "GPU Temperature": 'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}',
+    "GPU Avg. Temp": 'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})',
+    "GPU Power Usage": 'DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"}',
+    "GPU Power Total": 'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"})',
+    "GPU SM Clocks": 'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
+    "GPU Utilization": 'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
+    "GPU Framebuffer Mem Used": 'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
+    "Tensor Core Utilization": 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
+}
+NOT_MEASURED = {"Tensor Core Utilization"}
+
+
+def docs_yaml(marker: str) -> str:
+    """The ```yaml block of docs/prometheus.md whose text contains `marker`, as written."""
+    text = (Path(__file__).parent.parent / "docs" / "prometheus.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    found = [b for b in blocks if marker in b]
+    assert len(found) == 1, (marker, len(found))
+    return found[0]
+
+
+@needs_promtool
+def test_the_documented_scrape_configs_are_valid_as_written(tmp_path):
+    rules = Path(__file__).parent.parent / "docs" / "prometheus" / "nvmon-rules.yml"
+    for marker in ("scrape_interval: 15s", "rule_files:"):
+        conf = docs_yaml(marker).replace("/etc/prometheus/rules/nvmon-rules.yml", str(rules))
+        (tmp_path / "prometheus.yml").write_text(conf)
+        r = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and "SUCCESS" in r.stdout + r.stderr, (marker, r.stdout + r.stderr)
+
+
 @needs_prometheus
 def test_dashboard_queries_run_on_a_real_prometheus(daemon, tmp_path):
+    """nvmon's dashboard and NVIDIA's dcgm-exporter dashboard, on a Prometheus configured with the
+    docs' prometheus.yml (the "Alerting from Prometheus" block: its rules file and job, this daemon as
+    the target, scraped every second)."""
     port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: nvmon\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{daemon.port}']\n")
+    rules = Path(__file__).parent.parent / "docs" / "prometheus" / "nvmon-rules.yml"
+    conf = docs_yaml("rule_files:").replace("/etc/prometheus/rules/nvmon-rules.yml", str(rules))
+    conf = re.sub(r"targets: \[.*\]", f"targets: ['127.0.0.1:{daemon.port}']", conf)
+    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 1s\n" + conf)
     prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -872,6 +912,17 @@ def test_dashboard_queries_run_on_a_real_prometheus(daemon, tmp_path):
                     empty.append(expr)
         # no broker in this daemon, and no HCA or NVSwitch downtrained in its simulated board
         assert all("mqtt" in e or "nvmon_pcie_link_width" in e for e in empty), empty
+        # NVIDIA's dashboard: its variables come from DCGM_FI_DEV_GPU_TEMP's instance and gpu labels
+        temps = query("DCGM_FI_DEV_GPU_TEMP")["data"]["result"]
+        assert len(temps) == 8 and all({"instance", "gpu", "hostname"} <= set(t["metric"]) for t in temps)
+        for panel, expr in NVIDIA_DASHBOARD.items():
+            r = query(expr.replace("$instance", ".*").replace("$gpu", ".*"))
+            assert r["status"] == "success", (panel, r.get("error"))
+            assert bool(r["data"]["result"]) == (panel not in NOT_MEASURED), panel
+        # the docs' rules file was loaded from the documented rule_files entry
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=10) as r:
+            groups = json.load(r)["data"]["groups"]
+        assert any(rule.get("name") == "NvmonNVLinkDown" for g in groups for rule in g["rules"])
     finally:
         prom.terminate()
         prom.wait(10)
