@@ -67,6 +67,24 @@ def test_b200_and_gb200_captures(b200, gb200):
     assert g["fabric"]["health"]["bandwidth"] == "Full"
 
 
+# nvidia-smi's words -> NVML's numbers, from nvml.h (nvmlGpuFabricState_t, NVML_GPU_FABRIC_HEALTH_MASK_*,
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_*), written out here rather than taken from compare.py.
+STATES = {"Not Started": 1, "In Progress": 2, "Completed": 3}
+SUMMARIES = {"Healthy": 1, "Unhealthy": 2, "Limited Capacity": 3}
+MASK_BITS = {"bandwidth": (0, {"Degraded": 1, "Full": 2}), "route_recovery_in_progress": (2, {"True": 1, "False": 2}),
+             "route_unhealthy": (4, {"True": 1, "False": 2}), "access_timeout_recovery": (6, {"True": 1, "False": 2})}
+
+
+def fabric_from(f: dict | None) -> dict:
+    """`gpus[].fabric` as nvmon's sample carries it, for a capture's parsed <fabric>."""
+    if f is None:
+        return {k: None for k in ("state", "status", "clique_id", "cluster_uuid", "health_mask", "health_summary")}
+    health = f["health"]
+    mask = sum(values[health[tag]] << shift for tag, (shift, values) in MASK_BITS.items() if health.get(tag) in values)
+    return {"state": STATES[f["state"]], "status": 0 if f["status"] == "Success" else 3, "clique_id": f["clique_id"],
+            "cluster_uuid": f["cluster_uuid"], "health_mask": mask, "health_summary": SUMMARIES.get(health["summary"])}
+
+
 def sample_from(smi: dict) -> dict:
     """What `nvmon sample --json` would say on the captured node, written from the capture by hand
     (keys and units from docs/sample-schema.md), to hold the comparator's mapping to."""
@@ -86,6 +104,7 @@ def sample_from(smi: dict) -> dict:
             "fb_total_bytes": g["fb_total_mib"] * 2**20, "fb_used_bytes": g["fb_used_mib"] * 2**20,
             "fb_free_bytes": g["fb_free_mib"] * 2**20, "nvlink_count": 18,
             "nvlink": [{"link": k, "active": True, "speed_mbps": 26562} for k in range(18)],
+            "fabric": fabric_from(g["fabric"]),
         })
     return {"nvml": {"driver_version": smi["driver_version"]}, "gpus": gpus}
 
@@ -94,16 +113,21 @@ def verdicts(rows, scope: str) -> dict[str, str]:
     return {r.field: r.verdict for r in rows if r.scope == scope}
 
 
+def row_of(rows, scope: str, field: str):
+    return next(r for r in rows if (r.scope, r.field) == (scope, field))
+
+
 @pytest.mark.parametrize("name", ["qx-h100.xml", "qx-b200.xml", "qx-gb200.xml"])
 def test_a_sample_that_agrees_matches_everywhere(name):
     smi = compare.parse_smi_xml(capture(name).read_bytes())
     rows = compare.compare(smi, sample_from(smi))
     bad = [r for r in rows if r.verdict not in ("match", "smi only", "nvmon only")]
     assert not bad, bad
-    # nvmon's gaps are named, not hidden: the minimum power limit and the fabric state.
-    gaps = {r.field for r in rows if r.verdict == "smi only"}
-    assert {"power limit min", "fabric state", "fabric status", "fabric clique id"} <= gaps
-    assert sum(r.verdict == "match" for r in rows) >= 25 * len(smi["gpus"])
+    # nvmon's one gap is named, not hidden: the minimum power limit.
+    assert {r.field for r in rows if r.verdict == "smi only"} == {"power limit min"}
+    fabric = {r.field for r in rows if r.field.startswith("fabric") and r.verdict == "match"}
+    assert {"fabric state", "fabric status", "fabric clique id", "fabric cluster uuid"} <= fabric
+    assert sum(r.verdict == "match" for r in rows) >= 29 * len(smi["gpus"])
 
 
 def test_differences_are_found_field_by_field(h100):
@@ -162,17 +186,91 @@ def test_nvlink_status_parsed_and_compared_per_link(h100):
     assert verdicts(compare.compare(h100, sample, nvlink=nvl), "gpu 1")["NVLink links"] == "nvmon only"
 
 
-def test_fabric_compared_with_the_kits_nvml_probe(gb200):
+def test_fabric_read_by_nvmon_compared_with_the_xml(h100, b200, gb200):
+    """nvmon's own fabric reading (sample JSON gpus[].fabric) against nvidia-smi's <fabric>, on the
+    three captures: every field either reports, the health fields only where one of them does."""
+    v = verdicts(compare.compare(gb200, sample_from(gb200)), "gpu 0")
+    fabric = {k: x for k, x in v.items() if k.startswith("fabric")}
+    assert fabric == {"fabric state": "match", "fabric status": "match", "fabric clique id": "match",
+                      "fabric cluster uuid": "match", "fabric health summary": "match",
+                      "fabric health bandwidth": "match", "fabric health route recovery in progress": "match",
+                      "fabric health route unhealthy": "match", "fabric health access timeout recovery": "match"}
+    v = verdicts(compare.compare(b200, sample_from(b200)), "gpu 0")
+    assert v["fabric health summary"] == v["fabric health access timeout recovery"] == "match"
+    assert "fabric health bandwidth" not in v  # N/A in the capture, not in nvmon's mask either
+    v = verdicts(compare.compare(h100, sample_from(h100)), "gpu 0")
+    assert v["fabric state"] == "match" and "fabric health summary" not in v  # H100: N/A, nvmon none either
+
+
+def test_fabric_differences_are_found(gb200):
+    sample = sample_from(gb200)
+    f = sample["gpus"][1]["fabric"]
+    f["state"], f["status"] = 2, None  # Fabric Manager stopped: In Progress (NVML-FACTS §8)
+    sample["gpus"][2]["fabric"]["health_mask"] |= 1  # degraded bandwidth: Degraded where smi says Full
+    sample["gpus"][2]["fabric"]["health_mask"] &= ~2
+    sample["gpus"][3]["fabric"]["health_summary"] = 3
+    sample["gpus"][0]["fabric"]["cluster_uuid"] = "00000001-0000-0000-0000-000000000001".upper()  # case only
+    rows = compare.compare(gb200, sample)
+    by = {(r.scope, r.field): r for r in rows}
+    assert by[("gpu 1", "fabric state")].verdict == "DIFFERS" and "Fabric Manager" in by[("gpu 1", "fabric state")].note
+    assert (by[("gpu 1", "fabric state")].smi, by[("gpu 1", "fabric state")].nvmon) == ("Completed", "In Progress")
+    assert by[("gpu 1", "fabric status")].verdict == "smi only"
+    assert (by[("gpu 2", "fabric health bandwidth")].verdict, by[("gpu 2", "fabric health bandwidth")].nvmon) == \
+        ("DIFFERS", "Degraded")
+    assert by[("gpu 3", "fabric health summary")].nvmon == "Limited Capacity"
+    assert by[("gpu 3", "fabric health summary")].verdict == "DIFFERS"
+    assert by[("gpu 0", "fabric cluster uuid")].verdict == "match"
+    # A GPU nvmon reads no fabric for (all None: Not Supported) while nvidia-smi shows one: nvmon's gap.
+    sample["gpus"][0]["fabric"] = fabric_from(None)
+    v = verdicts(compare.compare(gb200, sample), "gpu 0")
+    assert v["fabric state"] == v["fabric clique id"] == v["fabric health summary"] == "smi only"
+    # Neither has a fabric (a PCIe card): no fabric rows at all.
+    pcie = copy.deepcopy(gb200)
+    pcie["gpus"][0]["fabric"] = None
+    assert not [k for k in verdicts(compare.compare(pcie, sample), "gpu 0") if k.startswith("fabric")]
+    # Both a failure: nvmon has NVML's return code, nvidia-smi its text.
+    failed = copy.deepcopy(gb200)
+    failed["gpus"][0]["fabric"]["status"] = "Insufficient Resources"
+    sample["gpus"][0]["fabric"] = {**fabric_from(gb200["gpus"][0]["fabric"]), "status": 23}
+    row = row_of(compare.compare(failed, sample), "gpu 0", "fabric status")
+    assert (row.verdict, row.nvmon) == ("close", "NVML return 23")
+
+
+def test_fabric_rows_name_the_kits_nvml_probe_where_it_disagrees(gb200):
     probe = [{"index": i, "state": "Completed", "status": "Success", "clique_id": 2,
               "cluster_uuid": "00000001-0000-0000-0000-000000000001", "health_summary": "Healthy"} for i in range(4)]
-    v = verdicts(compare.compare(gb200, sample_from(gb200), fabric=probe), "gpu 0")
-    assert v["fabric state"] == v["fabric clique id"] == v["fabric cluster uuid"] == v["fabric health summary"] == "match"
-    probe[1]["state"] = "In Progress"  # Fabric Manager stopped (NVML-FACTS §8)
-    assert verdicts(compare.compare(gb200, sample_from(gb200), fabric=probe), "gpu 1")["fabric state"] == "DIFFERS"
+    sample = sample_from(gb200)
+    rows = compare.compare(gb200, sample, fabric=probe)
+    assert all(r.verdict == "match" for r in rows if r.field.startswith("fabric"))
+    probe[1]["clique_id"] = 7
+    row = row_of(compare.compare(gb200, sample, fabric=probe), "gpu 1", "fabric clique id")
+    assert row.verdict == "match"  # nvidia-smi and nvmon agree; the note is there for a mismatch only
+    sample["gpus"][1]["fabric"]["clique_id"] = 5
+    row = row_of(compare.compare(gb200, sample, fabric=probe), "gpu 1", "fabric clique id")
+    assert row.verdict == "DIFFERS" and "the kit's direct NVML probe says 7" in row.note
+    sample["gpus"][0]["fabric"] = fabric_from(None)
     failed = [{"index": 0, "error": "Not Supported"}]
-    rows = [r for r in compare.compare(gb200, sample_from(gb200), fabric=failed) if r.scope == "gpu 0"]
-    state = next(r for r in rows if r.field == "fabric state")
-    assert state.verdict == "smi only" and "Not Supported" in state.note
+    row = row_of(compare.compare(gb200, sample, fabric=failed), "gpu 0", "fabric state")
+    assert row.verdict == "smi only" and "Not Supported" in row.note
+
+
+def test_an_idle_gpus_pcie_generation_below_its_maximum_is_explained(h100):
+    """The simulator's idle Gen1 against the idle H100 capture's Gen5 (docs/hardware.md): not a
+    difference while the GPU idles; the same gap under load is one."""
+    assert h100["gpus"][0]["throttle_reasons"] == ["gpu_idle"] and h100["gpus"][0]["pcie_gen"] == 5
+    sample = sample_from(h100)
+    sample["gpus"][0]["pcie"]["gen"] = 1
+    row = row_of(compare.compare(h100, sample), "gpu 0", "PCIe gen")
+    assert row.verdict == "close" and "idle" in row.note
+    busy = copy.deepcopy(h100)
+    busy["gpus"][0]["throttle_reasons"] = []
+    sample["gpus"][0]["throttle_reasons"] = []
+    row = row_of(compare.compare(busy, sample), "gpu 0", "PCIe gen")
+    assert row.verdict == "DIFFERS"
+    sample["gpus"][0]["throttle_reasons"] = ["gpu_idle"]  # idle, but beyond the link's maximum: a difference
+    sample["gpus"][0]["pcie"]["gen"] = 6
+    row = row_of(compare.compare(h100, sample), "gpu 0", "PCIe gen")
+    assert row.verdict == "DIFFERS"
 
 
 def test_older_xml_layout_and_bad_input():

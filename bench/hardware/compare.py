@@ -3,11 +3,13 @@
 Inputs: `nvidia-smi -q -x` (the XML; both the r535+ layout, `gpu_power_readings` and
 `clocks_event_reasons`, and the older `power_readings` / `clocks_throttle_reasons`), optionally
 `nvidia-smi nvlink -s` (per-link state and speed: the XML has no NVLink data), one
-`nvmon sample --json` (docs/sample-schema.md) and, optionally, the kit's direct NVML fabric probe
-(nvmon itself does not read the GPU fabric state yet).
+`nvmon sample --json` (docs/sample-schema.md: its `gpus[].fabric` is compared with the XML's
+`<fabric>`) and, optionally, the kit's direct NVML fabric probe (bench/hardware/probe.py: nvml.h's
+own struct layouts, a third opinion named in a fabric row's note where it disagrees with nvmon).
 
 Verdicts: `match`; `close` (a live value, read a moment apart by the two tools, within the
-tolerance the row's note gives); `DIFFERS`; `smi only` (nvidia-smi shows it, nvmon does not read
+tolerance the row's note gives; an idle GPU's PCIe generation below the maximum; a fabric status
+both report as a failure); `DIFFERS`; `smi only` (nvidia-smi shows it, nvmon does not read
 it: a gap, not an error); `nvmon only` (nvidia-smi says N/A); `n/a` (neither has it).
 
     python bench/hardware/compare.py QX.xml SAMPLE.json [--nvlink NVLINK-S.txt] [--fabric PROBE.json]
@@ -22,6 +24,8 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from nvmon.model import fabric_health
 
 NA = {"", "N/A", "[N/A]", "Not Supported", "[Not Supported]", "Unknown Error", "[Unknown Error]",
       "Requested functionality has been deprecated", "None"}
@@ -242,9 +246,14 @@ def _power(r: _Rows, scope: str, s: dict, g: dict) -> None:
 
 def _pcie(r: _Rows, scope: str, s: dict, g: dict) -> None:
     p = g.get("pcie") or {}
-    idle = "gpu_idle" in (g.get("throttle_reasons") or [])
-    r.add(scope, "PCIe gen", s["pcie_gen"], p.get("gen"),
-          note="live: the generation drops at idle" + (" (GPU idle)" if idle else ""))
+    idle = "gpu_idle" in (g.get("throttle_reasons") or []) + (s["throttle_reasons"] or [])
+    gen, nv_gen, top = s["pcie_gen"], p.get("gen"), s["pcie_max_gen"] or p.get("max_gen")
+    # A link trains down to save power when the GPU idles (to Gen1 on some GPUs, not at all on others:
+    # docs/hardware.md): an idle GPU's generation below the maximum is no difference. Under load it is.
+    explained = (idle and None not in (gen, nv_gen, top) and gen != nv_gen and max(gen, nv_gen) <= top)
+    r.add(scope, "PCIe gen", gen, nv_gen, verdict="close" if explained else None,
+          note="GPU idle: a link may train down below its maximum to save power" if explained else
+          "live: the generation drops at idle" + (" (GPU idle)" if idle else ""))
     r.add(scope, "PCIe gen max", s["pcie_max_gen"], p.get("max_gen"))
     r.add(scope, "PCIe gen device max", s["pcie_device_max_gen"], p.get("device_max_gen"))
     r.add(scope, "PCIe width", s["pcie_width"], p.get("width"), unit="x")
@@ -310,27 +319,65 @@ def _nvlink(r: _Rows, scope: str, links: dict | None, g: dict) -> None:
               note="; ".join(bad[:4]) + (f" (+{len(bad) - 4} more)" if len(bad) > 4 else ""))
 
 
-_FABRIC_FIELDS = (("state", "fabric state"), ("status", "fabric status"), ("clique_id", "fabric clique id"),
-                  ("cluster_uuid", "fabric cluster uuid"))
+# nvmon's fabric (sample JSON gpus[].fabric: NVML's numbers, docs/sample-schema.md) in nvidia-smi's words.
+FABRIC_STATE_WORDS = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+FABRIC_SUMMARY_WORDS = {1: "Healthy", 2: "Unhealthy", 3: "Limited Capacity"}  # 0: not reported
+# nvidia-smi's <health> tags -> (the healthMask field nvmon decodes, words for its values 1 and 2).
+FABRIC_HEALTH_TAGS = {"bandwidth": ("degraded_bandwidth", "Degraded", "Full"),
+                      "route_recovery_in_progress": ("route_recovery", "True", "False"),
+                      "route_unhealthy": ("route_unhealthy", "True", "False"),
+                      "access_timeout_recovery": ("access_timeout_recovery", "True", "False")}
+_FABRIC_ROWS = (("state", "fabric state"), ("status", "fabric status"), ("clique_id", "fabric clique id"),
+                ("cluster_uuid", "fabric cluster uuid"), ("health_summary", "fabric health summary"),
+                *((tag, f"fabric health {tag.replace('_', ' ')}") for tag in FABRIC_HEALTH_TAGS))
 
 
-def _fabric(r: _Rows, scope: str, s: dict, probe: dict | None) -> None:
-    fab = s.get("fabric")
-    if fab is None and probe is None:
-        return
+def nvmon_fabric(fab: dict | None) -> dict:
+    """A sample's `gpus[].fabric` as nvidia-smi would print it (None where nvmon has nothing)."""
     fab = fab or {}
-    note = "nvmon does not read the fabric state yet"
-    if probe is not None and "error" in probe:
-        note, probe = f"{note}; the kit's NVML probe got: {probe['error']}", None
-    elif probe is not None:
-        note = "NVML probed directly by the kit; " + note
-    for key, name in _FABRIC_FIELDS:
-        r.add(scope, name, fab.get(key), None if probe is None else probe.get(key), note=note)
-    summary = (fab.get("health") or {}).get("summary")
-    summary = None if summary in NA else summary
-    nv_summary = None if probe is None else probe.get("health_summary")
-    if summary is not None or nv_summary is not None:
-        r.add(scope, "fabric health summary", summary, nv_summary, note=note)
+    state, status, summary = fab.get("state"), fab.get("status"), fab.get("health_summary")
+    uuid = fab.get("cluster_uuid")
+    out = {"state": None if state is None else FABRIC_STATE_WORDS.get(state, f"state {state}"),
+           "status": None if status is None else "Success" if status == 0 else f"NVML return {status}",
+           "clique_id": fab.get("clique_id"), "cluster_uuid": None if uuid is None else uuid.lower(),
+           "health_summary": FABRIC_SUMMARY_WORDS.get(summary)}
+    fields = fabric_health(fab.get("health_mask"))
+    for tag, (name, one, two) in FABRIC_HEALTH_TAGS.items():
+        out[tag] = {1: one, 2: two}.get(fields.get(name))
+    return out
+
+
+def smi_fabric(fab: dict | None) -> dict:
+    """The XML's parsed `<fabric>` with the same keys (N/A and the like: None)."""
+    fab = fab or {}
+    health = {k: (None if v in NA else v) for k, v in (fab.get("health") or {}).items()}
+    uuid = fab.get("cluster_uuid")
+    return {"state": fab.get("state"), "status": fab.get("status"), "clique_id": fab.get("clique_id"),
+            "cluster_uuid": None if uuid is None else uuid.lower(), "health_summary": health.get("summary"),
+            **{tag: health.get(tag) for tag in FABRIC_HEALTH_TAGS}}
+
+
+def _fabric(r: _Rows, scope: str, s: dict, g: dict, probe: dict | None) -> None:
+    smi, nv = smi_fabric(s.get("fabric")), nvmon_fabric(g.get("fabric"))
+    if s.get("fabric") is None and not any(v is not None for v in nv.values()):
+        return  # neither tool knows of a fabric (a PCIe card, an older driver's XML)
+    probe_error = None if probe is None else probe.get("error")
+    for key, name in _FABRIC_ROWS:
+        a, b = smi[key], nv[key]
+        if (key == "health_summary" or key in FABRIC_HEALTH_TAGS) and a is None and b is None:
+            continue  # health neither the driver nor nvmon reports (no summary before v3, most fields before GB200)
+        verdict, notes = None, []
+        if key == "status" and a not in (None, "Success") and b not in (None, "Success"):
+            verdict = "close"  # both a failure: nvmon keeps NVML's return code, nvidia-smi prints its text
+            notes.append("both report a failure (nvmon: NVML's return code, nvidia-smi: its text)")
+        if key == "state" and a != b and "In Progress" in (a, b):
+            notes.append("live: In Progress until Fabric Manager has configured the GPU")
+        said = None if probe is None or probe_error else probe.get(key)
+        if said is not None and key != "status" and said != b:
+            notes.append(f"the kit's direct NVML probe says {said}")
+        if b is None and probe_error:
+            notes.append(f"the kit's NVML probe got: {probe_error}")
+        r.add(scope, name, a, b, verdict=verdict, note="; ".join(notes))
 
 
 def compare(smi: dict, sample: dict, *, nvlink: dict[int, dict] | None = None,
@@ -368,7 +415,7 @@ def compare(smi: dict, sample: dict, *, nvlink: dict[int, dict] | None = None,
         probe = None
         if fabric is not None:
             probe = next((p for p in fabric if p.get("index") == g.get("index", i)), None)
-        _fabric(r, scope, s, probe)
+        _fabric(r, scope, s, g, probe)
     return r.rows
 
 

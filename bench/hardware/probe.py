@@ -2,8 +2,9 @@
 
 Run by bench/hardware/kit.py as a child process (so that its CPU time and RSS are the daemon's
 alone). Before the daemon starts, it asks NVML for each GPU's fabric state directly
-(`nvmlDeviceGetGpuFabricInfoV`), which nvmon does not read yet, so that the kit can compare it with
-nvidia-smi's. On exit it writes one JSON file: the NVML calls the daemon made (bench/hardware/
+(`nvmlDeviceGetGpuFabricInfoV` with nvml.h's own v3 / v2 struct layouts): a third opinion beside
+nvmon's own reading (`nvmon sample`'s gpus[].fabric) and nvidia-smi's, named by the comparison where
+it disagrees with nvmon. On exit it writes one JSON file: the NVML calls the daemon made (bench/hardware/
 timed_nvml.py), the daemon's own counters, the fabric probe and any error.
 
     python bench/hardware/probe.py --stats OUT.json --prometheus 127.0.0.1:PORT --db DB [--sim SPEC]
