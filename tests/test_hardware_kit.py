@@ -170,3 +170,48 @@ def test_kit_runs_its_whole_sequence_on_the_simulator(tmp_path):
     assert not unpinned, f"imported by the daemon, not in bench/hardware/requirements.txt: {unpinned}"
     assert "DCGM_FI_DEV_POWER_USAGE" in (out / "metrics.txt").read_text()
     assert "sim mode: no capture of `nvidia-smi topo -m`" in (out / "nvidia-smi.txt").read_text()
+    # And its files land as a GPU run's would, under a docs folder of our own (never the repo's docs/).
+    docs = tmp_path / "docs-hardware"
+    p = subprocess.run([sys.executable, str(KIT / "kit.py"), "land", str(out), "--docs", str(docs)],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    dest = docs / f"{result['kit']['started'][:10]}-nvidia-h100-80gb-hbm3"
+    assert p.stdout.startswith(f"{dest}  (driver 580.105.08): compare.txt, kit.log, metrics.txt")
+    assert sorted(f.name for f in dest.iterdir()) == files
+    assert all((dest / f).read_bytes() == (out / f).read_bytes() for f in files)
+
+
+def test_land_copies_a_run_to_its_dated_folder_and_never_over_another(tmp_path):
+    run = tmp_path / "out"
+    run.mkdir()
+    meta = {"kit": {"started": "2026-12-05T01:02:03Z"}, "compare": {"gpu": "NVIDIA H200", "driver": "570.86.15"}}
+    (run / "nvmon.json").write_text(json.dumps(meta))
+    (run / "compare.txt").write_text("summary: 1 match\n")
+    (run / "sub").mkdir()  # not a file: left behind
+    docs = tmp_path / "docs"
+    first = kit.land(run, docs)
+    assert first == docs / "2026-12-05-nvidia-h200"
+    assert sorted(f.name for f in first.iterdir()) == ["compare.txt", "nvmon.json"]
+    (run / "compare.txt").write_text("summary: 2 match\n")  # a second run the same day on the same GPU
+    second = kit.land(run, docs)
+    assert second == docs / "2026-12-05-nvidia-h200-2"
+    assert (first / "compare.txt").read_text() == "summary: 1 match\n"  # the first is kept as it was
+    meta["compare"] = None  # compare step failed: no GPU name
+    (run / "nvmon.json").write_text(json.dumps(meta))
+    assert kit.land(run, docs) == docs / "2026-12-05-unknown-gpu"
+
+
+def test_land_refuses_what_is_not_a_kit_run_in_one_line(tmp_path):
+    bad_json = tmp_path / "bad"
+    bad_json.mkdir()
+    (bad_json / "nvmon.json").write_text("{not json")
+    no_date = tmp_path / "nodate"
+    no_date.mkdir()
+    (no_date / "nvmon.json").write_text(json.dumps({"kit": {"started": "../../etc"}}))
+    for folder, expect in ((tmp_path / "missing", "not a kit run's files"), (bad_json, "not the kit's nvmon.json"),
+                           (no_date, "kit.started is not a date")):
+        p = subprocess.run([sys.executable, str(KIT / "kit.py"), "land", str(folder), "--docs", str(tmp_path / "d")],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and expect in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and p.stdout == ""
+    assert not (tmp_path / "d").exists()

@@ -2,7 +2,7 @@
 
     python bench/hardware/kit.py run --out DIR [--sim SPEC --smi-xml QX.xml [--smi-nvlink NVLINK-S.txt]]
     python bench/hardware/kit.py device-command     # what to pass to the device tool's `run`
-    python bench/hardware/kit.py land FILES_DIR      # copy a run's files to docs/hardware/<date>-<gpu>/
+    python bench/hardware/kit.py land FILES_DIR [--docs DIR]   # copy a run's files to docs/hardware/<date>-<gpu>/
 
 `run` (bench/hardware/run.sh calls it after installing the wheels) saves nvidia-smi's outputs,
 runs `nvmon sample --json` three times and `nvmon audit --json`, runs the daemon (the real code,
@@ -319,12 +319,28 @@ def _rss_kib(pid: int) -> int:
         return 0
 
 
+class LandError(Exception):
+    """A folder `land` cannot use (one line)."""
+
+
 def land(files: Path, docs: Path) -> Path:
-    """Copy a run's files to docs/hardware/<date>-<gpu>/ (the GPU and date from its nvmon.json)."""
-    meta = json.loads((files / "nvmon.json").read_text())
+    """Copy a run's files to DOCS/<date>-<gpu>/ (the date and GPU from its nvmon.json), -2, -3, … when a
+    run of that day and GPU has landed already. Returns the folder."""
+    try:
+        meta = json.loads((files / "nvmon.json").read_text())
+        date = meta["kit"]["started"][:10]
+    except OSError as e:
+        raise LandError(f"{files}: not a kit run's files ({e.strerror}: nvmon.json)") from None
+    except (ValueError, KeyError, TypeError):
+        raise LandError(f"{files / 'nvmon.json'}: not the kit's nvmon.json (no kit.started)") from None
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
+        raise LandError(f"{files / 'nvmon.json'}: kit.started is not a date: {date!r}")
     gpu = (meta.get("compare") or {}).get("gpu") or "unknown-gpu"
-    date = meta["kit"]["started"][:10]
-    dest = docs / f"{date}-{re.sub(r'[^a-z0-9]+', '-', gpu.lower()).strip('-')}"
+    base = docs / f"{date}-{re.sub(r'[^a-z0-9]+', '-', gpu.lower()).strip('-')}"
+    dest, n = base, 1
+    while dest.exists() and any(dest.iterdir()):
+        n += 1
+        dest = base.with_name(f"{base.name}-{n}")
     dest.mkdir(parents=True, exist_ok=True)
     for f in sorted(files.iterdir()):
         if f.is_file():
@@ -345,13 +361,22 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("device-command", help="print the device tool's run arguments")
     ld = sub.add_parser("land", help="copy a run's files under docs/hardware/")
     ld.add_argument("files", type=Path)
+    ld.add_argument("--docs", type=Path, default=REPO / "docs" / "hardware",
+                    help="the folder to land in (default: the repo's docs/hardware)")
     a = ap.parse_args(argv)
     if a.cmd == "device-command":
         print(json.dumps({"command": DEVICE_COMMAND, "carry": list(DEVICE_CARRY), "timeout_s": DEVICE_TIMEOUT_S}))
         print(f"# {len(DEVICE_COMMAND)} characters (limit 2000); run bench/hardware/prepare.py first", file=sys.stderr)
         return 0
     if a.cmd == "land":
-        print(land(a.files, REPO / "docs" / "hardware"))
+        try:
+            dest = land(a.files, a.docs)
+        except LandError as e:
+            print(f"kit.py land: {e}", file=sys.stderr)
+            return 2
+        meta = json.loads((dest / "nvmon.json").read_text())
+        print(f"{dest}  (driver {(meta.get('compare') or {}).get('driver') or 'unknown'}): "
+              + ", ".join(sorted(f.name for f in dest.iterdir())))
         return 0
     if a.sim and a.smi_xml is None:
         ap.error("--sim needs --smi-xml (a captured nvidia-smi -q -x)")
