@@ -116,3 +116,64 @@ async def test_first_sort_puts_the_worst_first():
                 assert nodes[1] == sim.names[1], nodes
         status = screen.query_one("#fleet-status").render()
         assert "worst first" in str(status)
+
+
+async def test_node_screen_gpu_table_and_findings_fit_80_columns():
+    """The GPU table keeps links and events at 80 columns; a GPU fabric finding is explained on the
+    node screen (its code, and what to do), though every NVLink reads Active."""
+    sim = simulated_state(2, faults={1: "fabric=in_progress"})
+    app = make_app(sim)
+    async with app.run_test(size=(80, 60)) as pilot:
+        t = app.screen.query_one(FleetTable)
+        assert column_plain(t, "links")[1] == "✗ fabric"
+        t.move_cursor(1)
+        await pilot.press("enter")
+        await pilot.pause()
+        lines = screen_text(app)
+        text = "\n".join(lines)
+        assert all(len(line) <= 80 for line in lines)
+        head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["GPU", "util"])
+        assert lines[head].split()[-2:] == ["links", "events"], lines[head]
+        assert "✓ 18/18" in lines[head + 2]  # a GPU row, its links cell on screen
+        found = next(i for i, line in enumerate(lines) if line.strip() == "Findings this tick")
+        assert lines[found + 1].startswith(" ✗ fabric.not_ready GPU fabric not configured: NVLink"), lines[found + 1]
+        assert lines[found + 2].startswith(" " * 19)  # the runbook wraps under its column
+
+
+async def test_alerts_screen_at_80_columns_summary_hanging_hint():
+    app = make_app(shared_showcase())
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("a")
+        await pilot.pause()
+        lines = screen_text(app)
+        assert all(len(line) <= 80 for line in lines)
+        assert lines[2].split() == ["Sev", "Node", "Code", "Where", "State", "Summary"]  # no empty Ack column
+        assert lines[3].endswith("…") and "GPU 2 NVLink 5" in lines[3]  # cut, and says so
+        # the line under the table wraps with a hanging indent: continuation lines start under the text
+        hint = next(i for i, line in enumerate(lines) if line.startswith(" runbook:"))
+        assert lines[hint + 1].startswith(" " * 10) and lines[hint + 1].strip()
+        await pilot.press("x")
+        await pilot.pause()
+        lines = screen_text(app)
+        assert "firing 2s muted" in lines[3]  # the word the docs use, whole
+        assert lines[2].split()[-1] == "Summary"  # Ack / silence comes after it, off to the right
+
+
+async def test_help_fits_160x48_and_lists_the_sideways_keys():
+    app = make_app(shared_showcase(), notes=("planted: gpu-04 pairs",))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        box = app.screen.query_one("#help-box")
+        assert box.max_scroll_y == 0  # everything on screen
+        text = "\n".join(screen_text(app))
+        for needle in ("← →", "shift+Home / shift+End", "THIS FLEET", "planted: gpu-04 pairs", "Rack"):
+            assert needle in text, needle
+
+
+async def test_notice_line_under_the_fleet_table():
+    app = make_app(shared_showcase(), notice="planted: 04 pairs, 07 x8")
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+        lines = screen_text(app)
+        assert lines[-2] == "planted: 04 pairs, 07 x8" and "shown" in lines[-3]

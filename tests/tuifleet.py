@@ -35,7 +35,10 @@ def make_app(sim: SimState, **kw) -> NvmonApp:
 def cell_text(table, row: int, column: str) -> str:
     if hasattr(table, "row_cells"):  # the fleet table
         return table.row_cells(row)[column]
-    return table.get_cell_at(Coordinate(row, [c.key.value for c in table.ordered_columns].index(column))).plain
+    keys = [c.key.value for c in table.ordered_columns]
+    if column not in keys:  # a column the screen leaves out while empty (alerts: Ack / silence without marks)
+        return ""
+    return table.get_cell_at(Coordinate(row, keys.index(column))).plain
 
 
 def column_plain(table, column: str) -> list[str]:

@@ -118,6 +118,29 @@ async def _headless(fleet, stop: asyncio.Event) -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+_TAGS = {"pairs-a100": "pairs", "pcie_width": "x8", "ib_rate": "100G", "power_cap": "cap", "fabric": "fabric"}
+
+
+def planted_notice(plan) -> str:
+    """One line for the TUI: what is planted on which node, tersely ('04 pairs, 07 x8, 09 err@40s, …');
+    the help screen has the plan's full sentences."""
+    tags = []
+    for n in plan.nodes:
+        words = [_TAGS[n.profile]] if n.profile in _TAGS else []
+        for part in n.sim.split(",")[1:]:
+            kind, _, arg = part.partition("=")
+            if kind == "nvlink_errors":
+                words.append(f"err@{arg.rpartition('@')[2]}s")
+            elif kind in _TAGS:
+                words.append(_TAGS[kind])
+        if n.dies_at_s is not None:
+            words.append(f"dies@{n.dies_at_s:g}s")
+        if words:
+            tags.append((n.name, " ".join(words)))
+    short = all(name.startswith("gpu-") for name, _ in tags)
+    return "planted: " + ", ".join(f"{name[4:] if short else name} {w}" for name, w in tags)
+
+
 async def _main(plan, *, port: int | None, tui_app, duration: float | None) -> int:
     """Run the fleet (and the TUI on it) until a stop; returns the exit status."""
     from nvmon.demo.fleet import DemoFleet
@@ -144,7 +167,8 @@ async def _main(plan, *, port: int | None, tui_app, duration: float | None) -> i
                 _say("nvmon demo: stopping…")
             elif not stop.is_set():
                 source = f"demo · {len(plan.nodes)} sim nodes · {fleet.url}"  # fits 80 columns
-                app = tui_app(fleet.settings, cluster=fleet.cluster, source=source)
+                app = tui_app(fleet.settings, cluster=fleet.cluster, source=source, notice=planted_notice(plan),
+                              notes=tuple(f"planted: {line}" for line in plan.describe()))
                 await app.run_async()
                 rc = app.return_code or 0  # non-zero: the TUI failed (Textual has shown why)
     finally:

@@ -9,12 +9,13 @@ from __future__ import annotations
 from functools import partial
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from nvmon.catalog import GPU_WIRE_FACTS, GPU_WIRE_READ, show
-from nvmon.codes import Severity
+from nvmon.codes import Severity, runbook
 from nvmon.fleet.state import NodeView
 from nvmon.tui.rows import c_status
 from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, age, clean, gbs, known, \
@@ -33,11 +34,12 @@ def T(text: object = "", style: str = "", limit: int = 256) -> Text:  # noqa: N8
     return literal(text, style, limit)
 
 
-def _table(*headers: str, title: str) -> Table:
+def _table(*headers: str, title: str, wrap_last: bool = False) -> Table:
+    """Columns one space apart (the GPU table fits 80 columns); a header may take two lines."""
     t = Table(box=box.SIMPLE_HEAD, title=Text(title, style="bold"), title_justify="left", pad_edge=False,
-              padding=(0, 1), show_edge=False, expand=False)
-    for h in headers:
-        t.add_column(Text(h, style="bold"), no_wrap=True)
+              padding=0, show_edge=False, expand=False)  # the box's divider: one space
+    for i, h in enumerate(headers):
+        t.add_column(Text(h, style="bold"), no_wrap=not (wrap_last and i == len(headers) - 1))
     return t
 
 
@@ -45,8 +47,11 @@ def _fit(table: Table) -> Table:
     """Columns never narrower than their content: a narrow terminal scrolls sideways instead of
     Rich squeezing every cell to an ellipsis."""
     for col in table.columns:
+        if not col.no_wrap:  # the last column (events) wraps instead
+            continue
         cells = [c for c in col.cells if isinstance(c, Text)]
-        header = col.header.cell_len if isinstance(col.header, Text) else 0
+        header = max((cell_len(line) for line in col.header.plain.split("\n")), default=0) \
+            if isinstance(col.header, Text) else 0
         col.min_width = max([header, *(c.cell_len for c in cells)])
     return table
 
@@ -105,19 +110,26 @@ def _of(findings, *codes: str) -> list:
 
 
 def gpu_table(view: NodeView) -> Table | Text:
+    """One row per GPU, within 80 columns: the model goes in the title (a column only for a mixed
+    board); a power, PCIe or link finding marks its cell, and `events` names the GPU's findings that
+    no cell shows, with the counters that rose."""
     t = view.tick
     if t is None:
         return Text("no sample yet", style=DIM)
     models = {g.index: g for g in view.inventory.gpus} if view.inventory is not None else {}
-    table = _table("GPU", "model", "util", "temp", "power W", "PCIe", "PCIe GB/s", "NVLink GB/s", "links",
-                   "events", title="GPUs (GB/s: tx/rx)")
+    names = {short_model(m.model) for m in models.values()}
+    mixed = len(names) > 1
+    title = "GPUs" + (f": {names.pop()}" if len(names) == 1 else "") + " (GB/s: tx/rx)"
+    headers = ["GPU", *(["model"] if mixed else []), "util", "temp", "power\nW", "PCIe", "PCIe\nGB/s",
+               "NVLink\nGB/s", "links", "events"]
+    table = _table(*headers, title=title, wrap_last=True)
     temps, powers = _of(t.findings, "thermal"), _of(t.findings, "power.cap", "power.limit")
     pcies, downs = _of(t.findings, "pcie.width", "pcie.gen"), _of(t.findings, "nvlink.link_down", "nvlink.speed")
     for g in t.gpus:
         info_ = models.get(g.index)
-        model = T(short_model(info_.model if info_ else None))
+        model = [T(short_model(info_.model if info_ else None))] if mixed else []
         if g.lost:
-            table.add_row(T(str(g.index), "bold"), model, T(f"{SYMBOL[BAD]} lost: fell off the bus", BAD))
+            table.add_row(T(str(g.index), "bold"), *model, T(f"{SYMBOL[BAD]} lost: fell off the bus", BAD))
             continue
         util = T("–" if g.utilization_pct is None else f"{g.utilization_pct:.0f}%", pct_style(g.utilization_pct))
         temp = T("–", DIM)
@@ -126,7 +138,7 @@ def gpu_table(view: NodeView) -> Table | Text:
             temp = T((f"{SYMBOL[st]} " if st else "") + f"{g.temperature_c:.0f}°C", st)
         power = T(f"{g.power_w or 0:.0f}/{g.power_limit_w or 0:.0f}" if known(g.power_w) else "–")
         if st := _judged(powers, "", gpu=g.index):
-            power = T(f"{SYMBOL[st]} {g.power_w or 0:.0f}/{g.power_limit_w or 0:.0f} cap", st)
+            power = T(f"{SYMBOL[st]} {g.power_w or 0:.0f}/{g.power_limit_w or 0:.0f}", st)
         pcie = T("–", DIM)
         if g.pcie_gen is not None and g.pcie_width is not None:
             st = _judged(pcies, OK, gpu=g.index)
@@ -136,19 +148,30 @@ def gpu_table(view: NodeView) -> Table | Text:
         st = _judged(downs, OK, gpu=g.index)
         links = T(f"{SYMBOL[st]} {up}/{want if want is not None else len(g.link_tx_pct)}",
                   st) if g.link_tx_pct else T("–", DIM)
-        events = []
+        events = Text(end="")
+        for code, sev in sorted({(f.code, f.severity) for f in t.findings if f.gpu == g.index
+                                 and f.code not in _CELL_CODES}):
+            st = SEVERITY_STYLE.get(sev, WARN)
+            events.append(f"{SYMBOL[st]} {code}  ", st)
         nerr = sum(d for kinds in g.link_errors.values() for d in kinds.values())
         if nerr:
-            events.append(f"{SYMBOL[WARN]} NVLink err +{nerr}")
+            events.append(f"{SYMBOL[WARN]} NVLink err +{nerr}  ", WARN)
         if g.pcie_replay_delta:
-            events.append(f"{SYMBOL[WARN]} replay +{g.pcie_replay_delta}")
+            events.append(f"{SYMBOL[WARN]} replay +{g.pcie_replay_delta}  ", WARN)
         if g.throttle_reasons:
-            events.append("throttle " + ",".join(clean(r, 24) for r in g.throttle_reasons[:3]))
-        table.add_row(T(str(g.index), "bold"), model, util, temp, power, pcie,
+            events.append("throttle " + ",".join(clean(r, 24) for r in g.throttle_reasons[:3]), DIM)
+        events.rstrip()
+        table.add_row(T(str(g.index), "bold"), *model, util, temp, power, pcie,
                       T(f"{gbs(g.pcie_tx_bytes_per_s)}/{gbs(g.pcie_rx_bytes_per_s)}"),
                       T(f"{gbs(g.nvlink_tx_bytes_per_s)}/{gbs(g.nvlink_rx_bytes_per_s)}"), links,
-                      T("  ".join(events), WARN if nerr or g.pcie_replay_delta else DIM))
+                      events if events.plain else T("–", DIM))
     return _fit(table)
+
+
+# Codes a GPU table cell (or a counter in `events`) shows itself; any other finding of a GPU is named in
+# its `events`.
+_CELL_CODES = frozenset(("thermal", "pcie.width", "pcie.gen", "nvlink.link_down", "nvlink.speed", "gpu.lost",
+                         "power.cap", "power.limit", "nvlink.errors", "pcie.replay"))
 
 
 # How a catalog metric is shown, by its `fmt` (nvmon.catalog): values arrive in the metric's units;
@@ -331,22 +354,78 @@ def pcie_table(view: NodeView) -> Table | Text:
     return _fit(table)
 
 
-def alerts_block(view: NodeView, now: float) -> Text:
-    out = Text(end="")
-    out.append("Alerts  ", "bold")
+def _hanging() -> Table:
+    """Mark, code, text: a wrapped text stays in its column (a hanging indent)."""
+    grid = Table.grid(padding=(0, 1, 0, 0))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    return grid
+
+
+def alerts_block(view: NodeView, now: float) -> Text | Group:
+    head = Text("Alerts  ", style="bold")
     if view.alerts is None or not view.alerts.alerts:
-        out.append(f"{SYMBOL[OK]} none active" if view.alerts is not None else "none published", OK if view.alerts
-                   else DIM)
-        return out
+        head.append(f"{SYMBOL[OK]} none active" if view.alerts is not None else "none published", OK if view.alerts
+                    else DIM)
+        head.end = ""
+        return head
+    grid = _hanging()
     for a in sorted(view.alerts.alerts, key=lambda a: (Severity.rank_of(a.severity), a.since)):
         st = SEVERITY_STYLE.get(a.severity, DIM)
-        out.append(f"\n{SYMBOL.get(st, '?')} {clean(a.severity, 8):<8} ", st)
-        out.append(f"{clean(a.code, 40):<18} ", "bold")
-        out.append(clean(a.summary, 200))
-        out.append(f"  ({age(now - a.since)})", DIM)
+        text = Text(clean(a.summary, 200), end="")
+        text.append(f"  ({age(now - a.since)})", DIM)
+        grid.add_row(Text(f"{SYMBOL.get(st, '?')} {clean(a.severity, 8):<8}", st, end=""),
+                     Text(clean(a.code, 40), "bold", end=""), text)
+    parts: list = [head, grid]
     if view.alerts.omitted:
-        out.append(f"\n… {view.alerts.omitted} more not published (size limit)", DIM)
-    return out
+        parts.append(Text(f"… {view.alerts.omitted} more not published (size limit)", DIM))
+    return Group(*parts)
+
+
+def _where(findings) -> str:
+    """'GPU 0-7', 'GPU 2 link 5', 'mlx5_1:1', '' (the node)."""
+    gpus = sorted({f.gpu for f in findings if f.gpu is not None})
+    devices = sorted({f"{f.device}:{f.port}" if f.port is not None else f.device for f in findings
+                      if f.device is not None})
+    links = sorted({(f.gpu, f.link) for f in findings if f.link is not None})
+    parts = []
+    if len(links) == 1:
+        parts.append(f"GPU {links[0][0]} link {links[0][1]}")
+    elif gpus:
+        run = gpus == list(range(gpus[0], gpus[-1] + 1)) and len(gpus) > 2
+        parts.append("GPU " + (f"{gpus[0]}-{gpus[-1]}" if run else ",".join(map(str, gpus))))
+    parts += [clean(d, 32) for d in devices[:4]] + (["…"] if len(devices) > 4 else [])
+    return " ".join(parts)
+
+
+def findings_block(view: NodeView) -> Text | Group:
+    """What the node's audit found this tick, one line per code with where and what to do (the code's
+    runbook): e.g. a GPU fabric finding, whose NVLinks read Active, explained."""
+    t = view.tick
+    head = Text("Findings this tick  ", style="bold")
+    head.end = ""
+    if t is None:
+        head.append("no sample yet", DIM)
+        return head
+    if not t.findings:
+        head.append(f"{SYMBOL[OK]} none", OK)
+        return head
+    head.end = "\n"
+    by_code: dict[str, list] = {}
+    for f in t.findings:
+        by_code.setdefault(f.code, []).append(f)
+    grid = _hanging()
+    for code, fs in sorted(by_code.items(), key=lambda kv: (Severity.rank_of(Severity.worst(
+            f.severity for f in kv[1])), kv[0])):
+        sev = Severity.worst(f.severity for f in fs)
+        st = SEVERITY_STYLE.get(sev, DIM)
+        what = Text(_where(fs), "bold", end="")
+        book = runbook(code)
+        what.append((" — " if what.plain else "") + (book or "(a code this view does not know)"),
+                    "" if book else DIM)
+        grid.add_row(Text(SYMBOL.get(st, "?"), st, end=""), Text(clean(code, 40), "bold", end=""), what)
+    return Group(head, grid)
 
 
 def sections(view: NodeView, now: float) -> Group:

@@ -10,6 +10,8 @@ TUI); the title counts the silences in force; the line under the table gives the
 
 from __future__ import annotations
 
+from rich.cells import cell_len, set_cell_size
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -25,6 +27,12 @@ from nvmon.tui.widgets.header import StatusHeader
 
 NOT_CONNECTED = "no broker: marked in this view only"
 TITLE = "alerts"
+# (key, label, most width). Columns are as wide as what they show, Summary takes the rest of the screen
+# (cut with "…": the line under the table has all of it), and Ack / silence comes after it, there only
+# while some alert has a mark (the State column ends in `ack` / `muted` too).
+COLUMNS = (("sev", "Sev", 6), ("node", "Node", 14), ("code", "Code", 18), ("where", "Where", 12),
+           ("state", "State", 18), ("summary", "Summary", 0), ("shared", "Ack / silence", 32))
+SUMMARY_MIN = 16
 SILENCE_S = 2 * 3600.0  # `x`: silence the selected alert's node + code this long
 
 
@@ -79,6 +87,7 @@ class AlertsScreen(Screen):
         self._rows: list[Row] = []
         self._shown: list[tuple] = []
         self._marks: dict[str, Shared] = {}
+        self._layout: tuple = ()  # ((column key, width), ...) as laid out now
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(TITLE)
@@ -87,13 +96,31 @@ class AlertsScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        t = self.query_one(DataTable)
-        for key, label, width in (("sev", "Sev", 6), ("node", "Node", 14), ("code", "Code", 17),
-                                  ("where", "Where", 12), ("state", "State", 14), ("shared", "Ack / silence", 30),
-                                  ("summary", "Summary", 100)):
-            t.add_column(label, width=width, key=key)
         self.refresh_data(self.app.now())
-        t.focus()
+        self.query_one(DataTable).focus()
+
+    def on_resize(self, event) -> None:
+        self.refresh_data(self.app.now())
+
+    def _fit(self, t: DataTable, cells: list[dict[str, tuple[str, str]]]) -> bool:
+        """Lay the columns out for the screen's width and these rows' cells; True when they changed."""
+        shared = any(c["shared"][0] for c in cells)
+        widths = {}
+        for key, label, most in COLUMNS:
+            if key == "summary" or (key == "shared" and not shared):
+                continue
+            widths[key] = min(most, max([len(label), *(cell_len(c[key][0]) for c in cells)]))
+        used = sum(widths.values()) + 2 * t.cell_padding * (len(widths) + 1) + 1  # + a one-column scrollbar
+        widths["summary"] = max(SUMMARY_MIN, (t.size.width or self.app.size.width) - used)
+        layout = tuple((k, widths[k]) for k, _, _ in COLUMNS if k in widths)
+        if layout == self._layout and t.columns:
+            return False
+        self._layout = layout
+        t.clear(columns=True)
+        for key, label, _ in COLUMNS:
+            if key in widths:
+                t.add_column(label, width=widths[key], key=key)
+        return True
 
     def refresh_data(self, now: float) -> None:
         log: AlertLog = self.app.alert_log
@@ -101,13 +128,21 @@ class AlertsScreen(Screen):
         self._show_title(controls, now)
         rows = AlertLog.active(self.app.state, log.fleet) + list(log.resolved)
         self._marks = log.shared_marks(rows, controls, self.app.state, now)
-        shown = [self._cells(r, now, log) for r in rows]
-        if shown == self._shown:
-            return
         t = next(iter(self.query(DataTable)), None)
-        if t is None or not t.columns:  # the app's redraw timer can come before compose / on_mount
+        if t is None or not self.is_mounted:  # the app's redraw timer can come before compose / on_mount
             return
         keep = self._selected_ident()
+        cells = [self._cells(r, now, log) for r in rows]
+        if self._fit(t, cells):
+            self._shown, self._rows = [], []
+        keys = [k for k, _ in self._layout]
+        summary_w = dict(self._layout)["summary"]
+        for c in cells:  # cut to the column with "…"; the line under the table has it all
+            text, style = c["summary"]
+            c["summary"] = (text if cell_len(text) <= summary_w else set_cell_size(text, summary_w - 1) + "…", style)
+        shown = [tuple(c[k] for k in keys) for c in cells]
+        if shown == self._shown:
+            return
         same_rows = [r.ident for r in rows] == [r.ident for r in self._rows] and t.row_count == len(rows)
         old = self._shown
         self._rows, self._shown = rows, shown
@@ -125,7 +160,7 @@ class AlertsScreen(Screen):
                 t.move_cursor(row=idents.index(keep), animate=False)
         self._show_hint()
 
-    def _cells(self, r: Row, now: float, log: AlertLog) -> tuple:
+    def _cells(self, r: Row, now: float, log: AlertLog) -> dict[str, tuple[str, str]]:
         a = r.alert
         sev_style = SEVERITY_STYLE.get(a.severity, DIM)
         if r.resolved_at is not None:
@@ -138,9 +173,9 @@ class AlertsScreen(Screen):
             mark = " ack" if acked else " muted" if muted else ""
             state = (f"{clean(a.state, 8)} {age(now - a.since)}{mark}", DIM if mark else "")
             sev = (f"{SYMBOL.get(sev_style, '?')} {clean(a.severity[:4])}", sev_style)
-        return (sev, (r.key[1], "bold"), (clean(a.code, 64), ""), (where(a), ""), state,
-                (self._shared_cell(r, now, log), DIM),
-                (clean(a.summary, 512), DIM if r.resolved_at is not None else ""))
+        return {"sev": sev, "node": (r.key[1], "bold"), "code": (clean(a.code, 64), ""), "where": (where(a), ""),
+                "state": state, "summary": (clean(a.summary, 512), DIM if r.resolved_at is not None else ""),
+                "shared": (self._shared_cell(r, now, log), DIM)}
 
     def _shared_cell(self, r: Row, now: float, log: AlertLog) -> str:
         """`ack bob 5m · muted ab12cd34 1h`: who acked the episode how long ago, which shared
@@ -191,20 +226,26 @@ class AlertsScreen(Screen):
 
     def _show_hint(self) -> None:
         r = self._selected()
-        text = Text(no_wrap=False, end="")
         if r is None:
-            text.append(f" {SYMBOL[OK]} no active alerts", OK)
-        else:
-            h = hint(r.alert)
-            text.append(f" {r.key[1]} ", "bold")
-            text.append_text(literal(r.alert.summary, limit=512))
-            text.append("\n runbook: ", "bold")
-            text.append_text(literal(h or "(none: see docs/audit.md)", style="" if h else DIM, limit=300))
-            shared = self._marks.get(r.ident) if r.resolved_at is None else None
-            if shared is not None:
-                text.append("\n shared: ", "bold")
-                text.append_text(literal(shared_details(shared, self.app.now()), limit=400))
-        self.query_one("#alerts-hint", Static).update(text)
+            self.query_one("#alerts-hint", Static).update(Text(f" {SYMBOL[OK]} no active alerts", OK))
+            return
+        # label, text: wrapped text stays in its column (a hanging indent)
+        grid = Table.grid(padding=(0, 1, 0, 0))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(ratio=1)
+        h = hint(r.alert)
+
+        def wrapped(text: object, style: str = "", limit: int = 512) -> Text:
+            out = literal(text, style, limit)
+            out.no_wrap = False
+            return out
+
+        grid.add_row(Text(f" {r.key[1]}"), wrapped(r.alert.summary))
+        grid.add_row(Text(" runbook:"), wrapped(h or "(none: see docs/audit.md)", "" if h else DIM, 300))
+        shared = self._marks.get(r.ident) if r.resolved_at is None else None
+        if shared is not None:
+            grid.add_row(Text(" shared:"), wrapped(shared_details(shared, self.app.now()), limit=400))
+        self.query_one("#alerts-hint", Static).update(grid)
 
     def action_open_node(self) -> None:
         r = self._selected()
@@ -259,8 +300,9 @@ class AlertsScreen(Screen):
             return
         log: AlertLog = self.app.alert_log
         (log.acked if which == "ack" else log.silenced).add(r.ident)
-        self.notify(f"{done}; shared on {self.app.settings.url} (cluster {cluster}: {len(cs.silences)} silence(s), "
-                    f"{len(cs.acks)} ack(s))", title=which, markup=False)
+        self.notify(f"{done}; shared on {self.app.settings.url} (cluster {cluster}: {len(cs.silences)} "
+                    f"silence{'s' * (len(cs.silences) != 1)}, {len(cs.acks)} ack{'s' * (len(cs.acks) != 1)})",
+                    title=which, markup=False, timeout=8)
         self.refresh_data(self.app.now())
 
     def action_ack(self) -> None:

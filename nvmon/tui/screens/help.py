@@ -11,14 +11,17 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from nvmon.tui.rows import COLUMNS
-from nvmon.tui.text import BAD, INFO, OK, SYMBOL, WARN
+from nvmon.tui.text import BAD, INFO, OK, SYMBOL, WARN, clean
 
 KEYS = (
     ("everywhere", (("?", "this help"), ("a", "alerts across the fleet"), ("Esc", "back"), ("q / Ctrl-C", "quit"))),
-    ("fleet", (("↑ ↓ PgUp PgDn", "move"), ("Enter / click", "open the node"), ("/", "filter (Esc clears)"),
-               ("s / click a header", "sort by the next column / that column"), ("r", "reverse the sort"),
-               ("g", "group by rack, with rack power against the budget"), ("p", "problems only"))),
-    ("node", (("Esc", "back to the fleet"), ("↑ ↓ PgUp PgDn", "scroll"))),
+    ("fleet", (("↑ ↓ PgUp PgDn Home End", "move"), ("← →", "scroll sideways by a column (the node column stays)"),
+               ("shift+Home / shift+End", "first / last columns"), ("Enter / click", "open the node"),
+               ("/", "filter (Esc clears)"),
+               ("s / click a header", "sort by the next column / that column: worst (largest) first, ▼"),
+               ("r", "reverse the sort"), ("g", "group by rack, with rack power against the budget"),
+               ("p", "problems only"))),
+    ("node", (("Esc", "back to the fleet"), ("↑ ↓ PgUp PgDn Home End", "scroll"), ("← →", "scroll sideways"))),
     ("alerts", (("Enter", "open the alert's node"), ("k", "acknowledge the episode (shared on the broker)"),
                 ("x", "silence node + code for 2 h (shared on the broker)"))),
 )
@@ -26,25 +29,28 @@ FILTER_HELP = ("Filter words must all match: text in node, cluster, rack, model 
                "or one of: online, stale, offline, problem.")
 
 
-def help_renderable() -> Table:
+def help_renderable(notes: tuple[str, ...] = ()) -> Table:
+    """Keys, symbols, columns; `notes` (the embedding program's, e.g. what the demo planted) first.
+    Three columns (section, key, what), one line each, so it fits without scrolling at 160×48."""
     grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold underline", no_wrap=True)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
+
+    def section(name: str, rows) -> None:
+        for i, (key, what) in enumerate(rows):
+            grid.add_row(Text(name if i == 0 else ""), key if isinstance(key, Text) else Text(key),
+                         what if isinstance(what, Text) else Text(what))
+
+    if notes:
+        section("THIS FLEET", [("", clean(note, 200)) for note in notes])
     for screen, keys in KEYS:
-        grid.add_row(Text(screen.upper(), style="bold underline"), Text(""))
-        for key, what in keys:
-            grid.add_row(Text(key), Text(what))
-    grid.add_row(Text(""), Text(""))
-    grid.add_row(Text("SYMBOLS", style="bold underline"), Text(""))
+        section(screen.upper(), keys)
     for style, what in ((OK, "healthy"), (WARN, "degraded / worth a look (yellow)"), (BAD, "fault (red)"),
                         (INFO, "information")):
-        grid.add_row(Text(SYMBOL[style], style=style), Text(what))
-    grid.add_row(Text(""), Text(""))
-    grid.add_row(Text("COLUMNS", style="bold underline"), Text(""))
-    for c in COLUMNS:
-        grid.add_row(Text(c.label), Text(c.help))
-    grid.add_row(Text(""), Text(""))
-    grid.add_row(Text("FILTER", style="bold underline"), Text(FILTER_HELP))
+        section("SYMBOLS" if style == OK else "", [(Text(SYMBOL[style], style=style), what)])
+    section("COLUMNS", [(c.label, c.help) for c in COLUMNS])
+    section("FILTER", [("/", FILTER_HELP)])
     return grid
 
 
@@ -58,4 +64,4 @@ class HelpScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
             yield Static(Text("nvmon tui — keys and symbols (Esc closes)", style="bold"), id="help-title")
-            yield Static(help_renderable(), id="help-body")
+            yield Static(help_renderable(self.app.notes), id="help-body")

@@ -1,4 +1,5 @@
-"""The node screen (Enter on a fleet row): GPUs, the per-link NVLink grid, topology, IB, PCIe,
+"""The node screen (Enter on a fleet row): its alerts, what its audit found this tick (each
+finding's code, where, and its runbook), GPUs, the per-link NVLink grid, topology, IB, PCIe,
 and sparklines of the last minutes. Redrawn only when the node's view changed."""
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class NodeScreen(Screen):
         with VerticalScroll(id="node-body"):
             yield Static(id="node-info")
             yield Static(id="node-alerts")
+            yield Static(id="node-findings")
             with Grid(id="node-spark"):
                 for name, label, _ in SERIES:
                     yield Static(Text(label, style="bold"), classes="spark-label")
@@ -71,6 +73,7 @@ class NodeScreen(Screen):
         self.query_one("#node-info", Static).update(node_render.info(view, now))
         self.query_one("#node-alerts", Static).update(node_render.alerts_block(view, now))
         if view is not self._drawn:
+            self.query_one("#node-findings", Static).update(node_render.findings_block(view))
             self.query_one("#node-sections", Static).update(node_render.sections(view, now))
             self._sparklines(now)
         self._drawn, self._live = view, status
