@@ -12,6 +12,8 @@ caused by the application (13, 31, 43, 45).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Xid → (meaning, severity, first action). Unlisted Xids are "warning" with a generic action.
 XIDS: dict[int, tuple[str, str, str]] = {
     13: ("Graphics Engine Exception", "warning",
@@ -68,3 +70,13 @@ def action(xid: int) -> str:
     if xid in XIDS:
         return XIDS[xid][2]
     return "look it up in NVIDIA's Xid catalog; dmesg | grep -i xid; run dcgmi diag -r 3 if it repeats"
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedXid:
+    """An Xid the driver wrote to the kernel log (nvmon.collect.kmsg), before NVML could deliver it."""
+
+    bus_id: str  # as the log names the GPU, normalized: "0000:18:00" (domain:bus:device, lower case)
+    xid: int
+    age_s: float  # how long before the log was read
+    text: str  # the rest of the line (pid, process name, the driver's words), shortened

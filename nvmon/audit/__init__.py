@@ -18,6 +18,7 @@ The checks live in one module per part of the node (`gpus`, `board`, `ib`); this
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -37,9 +38,11 @@ from nvmon.audit.findings import (
     is_busy,
     nvlink_bytes_per_s,
 )
-from nvmon.audit.gpus import _check_nvlink, _check_nvlink_errors, _check_pcie, _check_power_thermal, _check_xid
+from nvmon.audit.gpus import (_check_logged_xids, _check_nvlink, _check_nvlink_errors, _check_pcie,
+                              _check_power_thermal, _check_xid)
 from nvmon.audit.ib import _check_ib, _is_active, _is_down
 from nvmon.model import Sample, to_jsonable
+from nvmon.xid import LoggedXid
 from nvmon.specs import NodeSpec, gpu_spec_for
 
 __all__ = [
@@ -70,8 +73,10 @@ def _spec_profile(sample: Sample, node_spec: NodeSpec, thresholds: Thresholds) -
     }
 
 
-def audit(sample: Sample, node_spec: NodeSpec = NodeSpec(), thresholds: Thresholds = Thresholds()) -> AuditReport:
-    """Judge `sample` against its GPUs' specs and `node_spec`; see `RULES` and the module docstring."""
+def audit(sample: Sample, node_spec: NodeSpec = NodeSpec(), thresholds: Thresholds = Thresholds(),
+          logged_xids: Sequence[LoggedXid] = ()) -> AuditReport:
+    """Judge `sample` against its GPUs' specs and `node_spec`; see `RULES` and the module docstring.
+    `logged_xids`: Xids the kernel log holds from before the sample (the one-shot `nvmon audit`)."""
     findings: list[Finding] = []
     judged = False  # did at least one GPU have a spec to be held to?
     if not sample.nvml.available:
@@ -110,6 +115,8 @@ def audit(sample: Sample, node_spec: NodeSpec = NodeSpec(), thresholds: Threshol
                 observed=name, expected="known model"))
         findings += _check_topology(sample, node_spec)
         findings += _check_fabric(sample)
+    if logged_xids:  # also without NVML: an Xid 79 logged before the driver went is the news
+        findings += _check_logged_xids(list(sample.gpus), list(logged_xids))
     findings += _check_ib(sample.ib, node_spec, thresholds)
     return AuditReport(sample.node, _spec_profile(sample, node_spec, thresholds), _verdict(findings, sample, judged),
                        tuple(findings))

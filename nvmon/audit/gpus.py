@@ -27,6 +27,45 @@ def _check_xid(gpu: GpuSample) -> list[Finding]:
             for x, n in counts.items()]
 
 
+def _bus_key(bus_id: str | None) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of an NVML ("00000000:18:00.0") or kernel-log ("0000:18:00") bus id."""
+    parts = (bus_id or "").split(":")
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".")[0], 16)
+    except (IndexError, ValueError):
+        return None
+
+
+def _ago(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s} s" if s < 120 else f"{s // 60} min"
+
+
+def _check_logged_xids(gpus: list[GpuSample], logged: list[xids.LoggedXid]) -> list[Finding]:
+    """Xids the kernel log holds from shortly before the audit (nvmon.collect.kmsg): one finding
+    per GPU and Xid, as for NVML's events, unless NVML delivered that Xid on that GPU this sample.
+    A bus id no GPU has (a GPU gone from NVML's list) is named by its bus id."""
+    by_bus = {k: g for g in gpus if (k := _bus_key(g.pci_bus_id)) is not None}
+    seen: dict[tuple[int | None, str, int], list[xids.LoggedXid]] = {}
+    for lx in logged:
+        gpu = by_bus.get(_bus_key(lx.bus_id))
+        if gpu is not None and lx.xid in gpu.xid_events:
+            continue  # NVML's finding has it
+        seen.setdefault((gpu.index if gpu is not None else None, lx.bus_id, lx.xid), []).append(lx)
+    out = []
+    for (index, bus, x), items in seen.items():
+        who = f"GPU {index}" if index is not None else f"GPU at PCI {bus} (not in NVML's list)"
+        newest = min(lx.age_s for lx in items)
+        times = f" ×{len(items)}, the last" if len(items) > 1 else ""
+        out.append(Finding(
+            code="gpu.xid", severity=xids.severity(x),
+            message=f"{who} Xid {x}, {xids.meaning(x)} (kernel log{times} {_ago(newest)} before the audit): "
+                    f"{xids.action(x)}",
+            gpu=index, device=None if index is not None else bus,
+            observed={"xid": x, "events": len(items), "source": "kernel log", "age_s": round(newest)}, xid=x))
+    return out
+
+
 def _check_nvlink(gpu: GpuSample, spec: GpuSpec, t: Thresholds) -> list[Finding]:
     out: list[Finding] = []
     i = gpu.index

@@ -53,8 +53,10 @@ def sampling_options(f):
     return f
 
 
-def _take_sample(sim: str | None, sysfs_root: Path | None, node: str | None, interval: float, error_cls):
-    """Two readings `interval` apart; returns the second (rates need a previous reading)."""
+def _take_sample(sim: str | None, sysfs_root: Path | None, node: str | None, interval: float, error_cls,
+                 after=None):
+    """Two readings `interval` apart; returns the second (rates need a previous reading).
+    `after(sim_node or None)` runs once they are taken, before a simulated board closes."""
     from nvmon.collect.node import NodeSampler, load_real_pynvml
 
     sim_node = None
@@ -76,7 +78,10 @@ def _take_sample(sim: str | None, sysfs_root: Path | None, node: str | None, int
         sampler.open()
         sampler.sample()
         time.sleep(interval)
-        return sampler.sample()
+        s = sampler.sample()
+        if after is not None:
+            after(sim_node)
+        return s
     finally:
         sampler.close()
         if sim_node is not None:
@@ -111,8 +116,13 @@ def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | N
 @click.option("--expect-topology", type=click.Choice(["nvswitch", "pairs", "mesh", "none"]),
               help="Board class to require (default: what the GPU model's spec says; "
                    "use 'nvswitch' to insist on all-to-all NVSwitch).")
+@click.option("--kernel-log", metavar="FILE", default="/dev/kmsg", show_default=True,
+              help="Kernel log to read Xids from that the driver logged before the audit (needs root).")
+@click.option("--xid-window", type=click.IntRange(0, 10080), default=10, show_default=True, metavar="MINUTES",
+              help="How far back the kernel log's Xids count; 0: do not read it.")
 def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | None, node: str | None,
-          expect_gpus: int | None, expect_ib: str | None, expect_topology: str | None) -> None:
+          expect_gpus: int | None, expect_ib: str | None, expect_topology: str | None, kernel_log: str,
+          xid_window: int) -> None:
     """Check this node against its hardware's spec: pass/fail with findings.
 
     \b
@@ -129,10 +139,26 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
         except ValueError as e:
             raise AuditError(f"--expect-ib: {e}") from None
     spec = NodeSpec(gpus=expect_gpus, ib_ports=ib_ports, ib_rate_gbps=ib_rate, topology=expect_topology)
-    s = _take_sample(sim, sysfs_root, node, interval, AuditError)
-    report = run_audit(s, spec)
+    logs = []
+
+    def read_log(sim_node) -> None:  # the simulator keeps its own fake /dev/kmsg, on its own clock
+        from nvmon.collect.kmsg import read_logged_xids
+
+        if xid_window:
+            where = (dict(path=sim_node.kmsg_path, uptime_s=sim_node.kernel_uptime()) if sim_node is not None
+                     else dict(path=kernel_log))
+            logs.append((str(where["path"]), read_logged_xids(**where, window_s=xid_window * 60.0)))
+
+    s = _take_sample(sim, sysfs_root, node, interval, AuditError, after=read_log)
+    report = run_audit(s, spec, logged_xids=logs[0][1].xids if logs else ())
+    for _, log in logs:
+        if log.note:
+            click.echo(f"nvmon audit: note: {log.note}", err=True)
     if as_json:
-        click.echo(json.dumps(report_to_dict(report), indent=2))
+        d = report_to_dict(report)
+        d["kernel_log"] = ({"path": logs[0][0], "window_s": xid_window * 60, "xids": len(logs[0][1].xids),
+                            "skipped": logs[0][1].skipped, "note": logs[0][1].note} if logs else None)
+        click.echo(json.dumps(d, indent=2))
     else:
         from rich.console import Console
 

@@ -10,6 +10,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+from nvmon import xid as xids
 from nvmon.sim import sysfs_tree as tree
 from nvmon.sim.board import SimBoard
 from nvmon.sim.fakenvml import load_sim_pynvml
@@ -25,9 +26,14 @@ def _remove_orphans(base: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+BOOTED_S = 3600.0  # the simulated kernel booted this long before the board's start (its log's clock)
+
+
 class SimNode:
     """`nvml` is a pynvml module backed by the board; `sysfs_root` a fake /sys; call `sync()` before
-    each sysfs read so files show the board's state at that moment."""
+    each sysfs read so files show the board's state at that moment. `kmsg_path` is a fake
+    `/dev/kmsg` (its records' times on the clock `kernel_uptime()` reads): the driver's NVRM Xid
+    line for each `xid=` fault is in it once the fault's time has come."""
 
     def __init__(
         self,
@@ -52,7 +58,12 @@ class SimNode:
         self._last_counters: dict[int, dict[str, int]] = {}  # per IB port: the values in its files
         self._hca_width: dict[int, int] = {}  # per IB port: its HCA's current PCIe width in sysfs
         self._counter_files = tree.OpenFiles()  # rewritten every tick: kept open
+        self.kmsg_path = self.sysfs_root / "kmsg"  # beside the fake /sys's class/ and bus/, read by nothing there
+        self._kmsg_seq = 0
+        self._xids_logged: set[int] = set()
+        self._xid_faults = sum(1 for f in scenario.faults if f.kind == "xid")
         self._write_tree()
+        self._write_kmsg()
 
     def _write_tree(self) -> None:
         b, p, root = self.board, self.board.profile, self.sysfs_root
@@ -80,6 +91,34 @@ class SimNode:
             self._last_state[i] = (state, phys, rate, layer)
             self._last_counters[i] = counters
 
+    def kernel_uptime(self) -> float:
+        """Seconds since the simulated kernel booted: the clock of `kmsg_path`'s records."""
+        return BOOTED_S + self.board.now()
+
+    def _write_kmsg(self) -> None:
+        """Append the kernel log records due by now: at start the driver's load line, then the
+        NVRM Xid line of each xid fault whose time has come (the real driver's format)."""
+        t = self.board.now()
+        lines = []
+        if self._kmsg_seq == 0:
+            lines.append((BOOTED_S - 60.0, 6, "nvidia-nvlink: Nvlink Core is being initialized, major device "
+                                               "number 511"))
+            lines.append((BOOTED_S - 59.0, 6, "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  "
+                                               f"{self.board.profile.driver}"))
+        for n, f in enumerate(self.board.scenario.faults):
+            if f.kind == "xid" and f.after_s <= t and n not in self._xids_logged and f.gpu is not None:
+                self._xids_logged.add(n)
+                bus = self.board.gpus[f.gpu].bus_id[4:14].lower()  # "00000000:18:00.0" → "0000:18:00"
+                x = int(f.value or 0)
+                lines.append((BOOTED_S + f.after_s, 4, f"NVRM: Xid (PCI:{bus}): {x}, pid=2{f.gpu}31, name=python3, "
+                                                      f"{xids.meaning(x)}."))
+        if not lines:
+            return
+        with open(self.kmsg_path, "a", encoding="utf-8") as out:
+            for ts, level, text in lines:
+                self._kmsg_seq += 1
+                out.write(f"{level},{self._kmsg_seq},{int(ts * 1e6)},-;{text}\n")
+
     def _counters(self, i: int, t: float) -> dict[str, int]:
         tx, rx = self.board.ib_words(i, t)
         return {"port_xmit_data": tx, "port_rcv_data": rx, **self.board.ib_errors(i, t)}
@@ -89,6 +128,8 @@ class SimNode:
         changed are rewritten (the tree is this node's alone: nothing else writes to it)."""
         b = self.board
         t = b.now()
+        if len(self._xids_logged) < self._xid_faults:  # an Xid still to come: log it once due
+            self._write_kmsg()
         for i, dev in enumerate(b.ib_names):
             state, phys, rate, layer = b.ib_state(i, t)
             last = self._last_state.get(i)

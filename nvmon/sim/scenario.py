@@ -36,7 +36,9 @@ Keys (repeatable unless noted):
                            HwPowerBrakeSlowdown and HwSlowdown (0x80 | 0x8), busy or idle
     gpu_lost=G             GPU has fallen off the bus (NVML: GPU is lost)
     xid=G:N                NVML delivers one Xid critical-error event N on GPU G (e.g. xid=3:79@10);
-                           the event only: add gpu_lost=G for a GPU that also falls off the bus
+                           the event only: add gpu_lost=G for a GPU that also falls off the bus;
+                           the driver's NVRM Xid line goes to the simulated kernel log then too
+                           (an Xid before `nvmon audit` started is found there)
     fabric=STATE           GPU fabric not ready on every GPU: not_started (Fabric Manager not
                            running) or in_progress (stuck configuring); NVSwitch boards with a
                            fabric NVML reports (hgx-h100, hgx-h200, hgx-h800, hgx-b200) only:
