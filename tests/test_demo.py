@@ -244,3 +244,59 @@ def test_demo_in_a_real_terminal_shows_the_fleet_and_alerts_and_q_leaves_nothing
         subprocess.run([*tmux, "kill-server"], capture_output=True)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert list(root.iterdir()) == [] and sim_trees(pid) == [] and port_is_free(port)
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux not installed (apt-get install tmux)")
+def test_demo_at_80x24_shows_every_planted_fault_without_scrolling(tmp_path):
+    """The default 16-node demo in an 80×24 tmux: each planted fault's marker on its node's row of the
+    fleet screen as first drawn (no key pressed, no scrolling), and the notice saying what was planted.
+    The timeline runs twice as fast (hidden --speed 2): the node dies at t+12.5 s and is back at
+    t+27.5 s, the NVLink errors start at t+20 s."""
+    speed = 2.0
+    plan = plan_fleet(16, seed=1, speed=speed)
+    dying = next(n for n in plan.nodes if n.dies_at_s is not None)
+    want = {  # node → the marker its row must show
+        next(n.name for n in plan.nodes if n.profile == "pairs-a100"): "✗ pairs",
+        fault(plan, "pcie_width")[0]: f"⚠ x8 GPU{fault(plan, 'pcie_width')[1].split(':')[0]}",
+        fault(plan, "ib_rate")[0]: "⚠ 100G",
+        fault(plan, "power_cap")[0]: "⚠ cap1",
+        fault(plan, "fabric")[0]: "✗ fabric",
+        fault(plan, "nvlink_errors")[0]: "⚠ err ",
+        dying.name: "✗ lost",
+    }
+    assert len(want) == 7  # seven nodes, one fault each
+    port, root, rc_file = free_port(), tmp_path / "tmproot", tmp_path / "rc"
+    root.mkdir()
+    sock = f"nvmon-test80-{os.getpid()}"
+    tmux = [TMUX, "-L", sock]
+    cmd = (f"TMPDIR={root} {sys.executable} -m nvmon demo --port {port} --speed {speed:g} --duration 90; "
+           f"echo $? > {rc_file}; sleep 30")
+    subprocess.run([*tmux, "new-session", "-d", "-s", "demo", "-x", "80", "-y", "24", cmd], check=True)
+    seen: dict[str, str] = {}
+    try:
+        def screen() -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p", "-t", "demo"], capture_output=True, text=True).stdout
+
+        deadline, text = time.monotonic() + 60, ""
+        while time.monotonic() < deadline and len(seen) < len(want):
+            text = screen()
+            lines = text.splitlines()
+            assert all(len(line) <= 80 for line in lines)
+            for line in lines:
+                node = line.split()[0] if line.strip() else ""
+                if node in want and want[node] in line:
+                    seen.setdefault(node, line)
+            time.sleep(0.3)
+        missing = {n: m for n, m in want.items() if n not in seen}
+        assert not missing, f"not on screen: {missing}\n{text}"
+        assert "planted: 04 pairs, 07 x8, 09 err@20s, 11 100G, 13 dies@12.5s, 15 cap, 16 fabric" in text, text
+        assert re.search(r"Node ▲ +Status +Alerts +Links +PCIe +IB +GPU kW +Hottest", text), text
+        assert "q Quit" in text
+        subprocess.run([*tmux, "send-keys", "-t", "demo", "q"], check=True)
+        deadline = time.monotonic() + 15
+        while not rc_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rc_file.read_text().strip() == "0", screen()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    assert list(root.iterdir()) == [] and port_is_free(port)
