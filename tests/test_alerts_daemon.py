@@ -288,7 +288,7 @@ async def test_an_engine_bug_or_a_failing_notifier_costs_nothing_but_that_tick(t
 
 @pytest.mark.parametrize(("toml", "fragment"), [
     ('[alerts.rules."pcie.widht"]\nfor_s = 5\n', "alerts.rules: unknown rule 'pcie.widht'"),
-    ("[alerts]\nfor_s = -1\n", "alerts.for_s: Input should be greater than or equal to 0"),
+    ("[alerts]\nfor_s = -1\n", "alerts.for_s: must be at least 0"),
     ("[alerts]\nforr_s = 1\n", "alerts.forr_s: unknown key"),
     ('[alerts.rules."thermal"]\nmin_count = 2\n', "apply only to counter rules"),
     ('[alerts.rules."thermal"]\nenabled = "maybe"\n', "alerts.rules.thermal.enabled"),

@@ -184,7 +184,7 @@ async def test_rack_over_budget_pages_once_and_restart_does_not_page_again(tmp_p
 
 def test_bad_config_is_one_line(tmp_path):
     cfg = tmp_path / "fleet.toml"
-    for text, expect in (('[fleet]\nsame_fault_nodes = 1\n', "fleet.same_fault_nodes: Input should be greater"),
+    for text, expect in (('[fleet]\nsame_fault_nodes = 1\n', "fleet.same_fault_nodes: must be "),
                          ('[fleet.racks."r 1"]\nbudget_kw = 3\n', "fleet.racks: rack 'r 1'"),
                          ('[fleet]\nbogus = 1\n', "fleet.bogus: unknown key"),
                          ('[[hooks]]\ntype = "exec"\n', "hooks"),

@@ -144,21 +144,21 @@ async def test_tls_with_a_private_ca_and_a_client_certificate(receiver, tmp_path
 
 @pytest.mark.parametrize("entry, message", [
     ({"type": "alertmanager", "url": "http://am:9093/alerts"},
-     "hooks.0: alertmanager hook: now posts to Alertmanager's API (/api/v2/alerts); give its base URLs as "
+     "hooks[1]: alertmanager hook: now posts to Alertmanager's API (/api/v2/alerts); give its base URLs as "
      'urls = ["http://alertmanager:9093"], or for a receiver of Alertmanager\'s webhook body use '
      'type = "alertmanager-webhook"'),
-    ({"type": "alertmanager"}, 'hooks.0: alertmanager hook needs urls = ["http://alertmanager:9093", …]'),
-    ({"type": "alertmanager", "urls": ["am:9093"]}, "hooks.0.urls: must start with http:// or https://"),
-    ({"type": "webhook", "urls": ["http://h/"]}, "hooks.0: webhook hook: urls applies to alertmanager hooks only"),
+    ({"type": "alertmanager"}, 'hooks[1]: alertmanager hook needs urls = ["http://alertmanager:9093", …]'),
+    ({"type": "alertmanager", "urls": ["am:9093"]}, "hooks[1].urls: must start with http:// or https://"),
+    ({"type": "webhook", "urls": ["http://h/"]}, "hooks[1]: webhook hook: urls applies to alertmanager hooks only"),
     ({"type": "alertmanager", "urls": ["http://h/"], "username": "u"},
-     "hooks.0: alertmanager hook: username needs the password in secret_file or secret_env"),
+     "hooks[1]: alertmanager hook: username needs the password in secret_file or secret_env"),
     ({"type": "webhook", "url": "http://h/", "key_file": "/k"},
-     "hooks.0: webhook hook: key_file needs cert_file"),
+     "hooks[1]: webhook hook: key_file needs cert_file"),
     ({"type": "slack", "url": "https://h/x", "username": "u"},
-     "hooks.0: slack hook: username (basic auth) applies to webhook and alertmanager hooks only"),
-    ({"type": "exec", "command": ["a"], "ca_file": "/ca.pem"}, "hooks.0: exec hook: ca_file does not apply"),
+     "hooks[1]: slack hook: username (basic auth) applies to webhook and alertmanager hooks only"),
+    ({"type": "exec", "command": ["a"], "ca_file": "/ca.pem"}, "hooks[1]: exec hook: ca_file does not apply"),
     ({"type": "alertmanager", "urls": ["http://h/"], "username": "a:b", "secret_env": "X"},
-     "hooks.0.username: must be 1-256 characters without ':'"),
+     "hooks[1].username: must be 1-256 characters without ':'"),
 ])
 def test_bad_config_is_one_line(entry, message):
     with pytest.raises(HookConfigError) as e:

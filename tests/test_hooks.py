@@ -431,20 +431,20 @@ async def test_missing_secret_is_one_line_without_value(tmp_path):
 
 
 @pytest.mark.parametrize("entry, message", [
-    ({"type": "email"}, "hooks.0.type: must be one of exec, webhook, alertmanager, alertmanager-webhook, pagerduty, slack"),
-    ({"type": "exec"}, 'hooks.0: exec hook needs command = ["/path/to/program", "arg", …]'),
-    ({"type": "exec", "command": "/bin/page --team gpu"}, "hooks.0.command: Input should be a valid tuple"),
-    ({"type": "exec", "command": []}, "hooks.0.command: must be a non-empty argv list"),
-    ({"type": "webhook"}, "hooks.0: webhook hook needs url"),
-    ({"type": "webhook", "url": "ftp://x/y"}, "hooks.0.url: must start with http:// or https://"),
-    ({"type": "webhook", "url": "https://u:TOPSECRET@h/"}, "hooks.0.url: no credentials in the URL"),
-    ({"type": "webhook", "url": "http://h/", "colour": 1}, "hooks.0.colour: unknown key"),
-    ({"type": "webhook", "url": "http://h/", "timeout_s": 0}, "hooks.0.timeout_s: Input should be greater than 0"),
-    ({"type": "pagerduty"}, "hooks.0: pagerduty hook needs the routing key in secret_file or secret_env"),
-    ({"type": "slack"}, "hooks.0: slack hook: give the incoming-webhook URL as url, or (better) in secret_file"),
+    ({"type": "email"}, "hooks[1].type: must be one of exec, webhook, alertmanager, alertmanager-webhook, pagerduty, slack"),
+    ({"type": "exec"}, 'hooks[1]: exec hook needs command = ["/path/to/program", "arg", …]'),
+    ({"type": "exec", "command": "/bin/page --team gpu"}, "hooks[1].command: expected an array, got a string"),
+    ({"type": "exec", "command": []}, "hooks[1].command: must be a non-empty argv list"),
+    ({"type": "webhook"}, "hooks[1]: webhook hook needs url"),
+    ({"type": "webhook", "url": "ftp://x/y"}, "hooks[1].url: must start with http:// or https://"),
+    ({"type": "webhook", "url": "https://u:TOPSECRET@h/"}, "hooks[1].url: no credentials in the URL"),
+    ({"type": "webhook", "url": "http://h/", "colour": 1}, "hooks[1].colour: unknown key"),
+    ({"type": "webhook", "url": "http://h/", "timeout_s": 0}, "hooks[1].timeout_s: must be greater than 0"),
+    ({"type": "pagerduty"}, "hooks[1]: pagerduty hook needs the routing key in secret_file or secret_env"),
+    ({"type": "slack"}, "hooks[1]: slack hook: give the incoming-webhook URL as url, or (better) in secret_file"),
     ({"type": "webhook", "url": "http://h/", "secret_file": "/a", "secret_env": "B"},
-     "hooks.0: webhook hook: give secret_file or secret_env, not both"),
-    ({"type": "webhook", "url": "http://h/", "on": ["fired"]}, "hooks.0.on.0: Input should be 'firing' or 'resolved'"),
+     "hooks[1]: webhook hook: give secret_file or secret_env, not both"),
+    ({"type": "webhook", "url": "http://h/", "on": ["fired"]}, "hooks[1].on[1]: must be one of firing or resolved"),
 ])
 def test_bad_hook_config_is_one_line(entry, message):
     with pytest.raises(HookConfigError) as e:
@@ -471,7 +471,7 @@ def test_daemon_config_reads_hooks(tmp_path):
     assert [(h.name, h.type) for h in cfg.hooks] == [("exec", "exec"), ("webhook", "webhook")]
     assert HookDispatcher(cfg.hooks).stats()[1].target == "http://alerts.local/…"
     path.write_text('[[hooks]]\ntype = "webhook"\n')
-    with pytest.raises(ConfigError, match=r"^.*nvmon.toml: hooks.0: webhook hook needs url$"):
+    with pytest.raises(ConfigError, match=r"^.*nvmon.toml: hooks\[1\]: webhook hook needs url$"):
         load_config(path)
 
 
@@ -552,7 +552,7 @@ def test_hooks_test_command_bad_config_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "nvmon", "hooks", "test", "--config", str(path)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr == f"nvmon: {path}: hooks.0.url: must start with http:// or https://\n"
+    assert r.stderr == f"nvmon: {path}: hooks[1].url: must start with http:// or https://\n"
     r = CliRunner().invoke(cli, ["hooks", "test", "--config", str(tmp_path / "missing.toml")])
     assert r.exit_code == 1 and r.stderr == f"nvmon: {tmp_path / 'missing.toml'}: no such file\n"
     path.write_text("[node]\nname = 'x'\n")

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from nvmon.alerts.hook_kinds import HOOK_KINDS
 from nvmon.codes import Severity
-from nvmon.tomlfile import TomlFileError, read_toml
+from nvmon.tomlfile import TomlFileError, location, more_problems, read_toml, validation_line
 
 HOOK_TYPES = tuple(HOOK_KINDS)
 HookType = Literal[HOOK_TYPES]  # type: ignore[valid-type] - built from the registry
@@ -228,15 +228,12 @@ _HOOK_LIST = TypeAdapter(list[HookConfig])
 
 
 def _one_line(source: str, e: ValidationError) -> str:
+    """The first error, the hook counted from 1 as the docs count them: `FILE: hooks[2].url: ...`."""
     err = e.errors()[0]
-    loc = ".".join(["hooks", *(str(p) for p in err["loc"])])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] == "literal_error" and loc.endswith(".type"):
-        msg = f"must be one of {', '.join(HOOK_TYPES)}"
-    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"{source}: {loc}: {msg}{more}"
+    if err["type"] == "literal_error" and err["loc"][-1:] == ("type",):
+        loc = location(("hooks", *err["loc"]))
+        return f"{source}: {loc}: must be one of {', '.join(HOOK_TYPES)}{more_problems(len(e.errors()) - 1)}"
+    return validation_line(source, e, ("hooks",))
 
 
 def parse_hooks(data: Any, source: str = "config") -> tuple[HookConfig, ...]:
