@@ -10,6 +10,8 @@ Sources (details in ../shared/NVML-FACTS.md §5 and DESIGN.md "Hardware referenc
   H100 SXM5: NVIDIA health-validation docs (18 links × 26562 MB/s), K8SMOCK profile (700 W, Gen5 x16).
   H800 SXM5: real `nvidia-smi -q` / `nvlink --status` capture (8 links, 700 W).
   H200 SXM:  real `nvidia-smi nvlink -s` (18 × 26.562 GB/s); 700 W (vendor page).
+  H200 NVL:  PCIe card (pci.ids 0x233B "GH100 [H200 NVL]"), 600 W and Gen5 x16 as real reports show it;
+             NVLink bridges optional, so its links are not counted (the board class is judged).
   B200:      Vultr docs, K8SMOCK b200 (18 × 53125 MB/s, 1000 W); PCIe Gen6-capable, HGX hosts run Gen5.
   H100 PCIe: real `nvidia-smi nvlink -s` (18 slots, 12 active with 3 bridges → NV12), 350 W.
   A100 PCIe: NV12 with 3 bridges (NVML-FACTS §5), 300 W (80GB card), PCIe 4.0 x16.
@@ -48,6 +50,10 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("H100-PCIe", r"H100.*PCIE", 12, 4, 26562, 350, 5, 16, "pairs", "nvidia-smi nvlink -s capture, NV12"),
     GpuSpec("H100-SXM", r"H100", 18, 4, 26562, 700, 5, 16, "nvswitch", "NVIDIA health-validation; K8SMOCK h100"),
     GpuSpec("H800-SXM", r"H800", 8, 4, 26562, 700, 5, 16, "nvswitch", "real H800 nvidia-smi -q capture"),
+    # Bridges are optional on the H200 NVL (none, 2- or 4-way): no link count is required of a card,
+    # a bridged box is held to its board class ("pairs", or --expect-topology). Before "H200".
+    GpuSpec("H200-NVL", r"H200 NVL", 0, 4, 26562, 600, 5, 16, "pairs",
+            "nvidia-smi reports of 'NVIDIA H200 NVL' (600 W); vendor pages (PCIe Gen5 x16, 2-/4-way bridges)"),
     GpuSpec("H200-SXM", r"H200", 18, 4, 26562, 700, 5, 16, "nvswitch", "real H200 nvlink -s capture"),
     GpuSpec("B200", r"B200", 18, 5, 53125, 1000, 5, 16, "nvswitch", "Vultr docs; K8SMOCK b200"),
     GpuSpec("L40S", r"L40S", 0, None, None, 350, 4, 16, "none", "NVIDIA L40S datasheet"),

@@ -39,7 +39,7 @@ def test_a_healthy_fabric_is_no_finding(profile):
     assert all(g.fabric.state == 3 for g in s.gpus) and found == []
 
 
-@pytest.mark.parametrize("profile", ["hgx-a100", "pairs-a100", "pcie-l40s"])
+@pytest.mark.parametrize("profile", ["hgx-a100", "pairs-a100", "pcie-l40s", "h200-single"])
 def test_a_board_without_a_fabric_nvml_reports_is_no_finding(profile):
     s, found = fabric_findings(profile)
     assert all(g.fabric.state is None for g in s.gpus) and found == []
@@ -149,3 +149,30 @@ def test_the_fleet_row_marks_the_links_column_from_the_findings_the_wire_carries
     assert summarize(tick, None).marks == {"links": "critical"}
     ok = sim_sample("hgx-h100")
     assert summarize(parse_message("nvmon/v1/c/n/sample", sample_payload(ok, audit(ok).findings)), None).marks == {}
+
+
+def test_h200_single_answers_not_supported_through_the_real_pynvml_and_audits_ok():
+    """A single H200 NVL PCIe card: Hopper, NVLink-capable, but no NVSwitch: the V call (and the
+    unversioned one) answer Not Supported, which is "no fabric", not an error."""
+    node = SimNode("h200-single")
+    tried = 0
+    try:
+        nv = node.nvml  # the installed pynvml's wrappers over the simulator's C functions
+        nv.nvmlInit()
+        h = nv.nvmlDeviceGetHandleByIndex(0)
+        for call, struct in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
+                             ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+            if not hasattr(nv, call) or not hasattr(nv, struct):
+                continue  # an older nvidia-ml-py
+            tried += 1
+            with pytest.raises(nv.NVMLError_NotSupported):
+                getattr(nv, call)(h, nv.byref(getattr(nv, struct)()))
+        nv.nvmlShutdown()
+    finally:
+        node.close()
+    assert tried >= 1
+    s = sim_sample("h200-single")
+    report = audit(s)
+    assert [g.name for g in s.gpus] == ["NVIDIA H200 NVL"] and s.gpus[0].fabric.state is None
+    assert s.gpus[0].notes == ()  # Not Supported is a capability, not a note
+    assert report.verdict == "ok" and [f for f in report.findings if f.severity != "info"] == []

@@ -106,6 +106,17 @@ PROFILES: dict[str, BoardProfile] = {
            power_limit_w=300, power_min_w=150, power_max_w=300, pcie_gen=4, gpu_pcie_gen=4, pcie_width=16,
            ib_ports=2, ib_rate_gbps=200,
            sm_clock_max_mhz=1410, mem_clock_max_mhz=1512, fb_total_mib=81920),
+        # One H200 NVL PCIe card without an NVLink bridge (the card takes 2- or 4-way bridges): NVML
+        # name and PCI id 0x233B as pci.ids has them, 143771 MiB, 600 W limit, SM max 1785 MHz (real
+        # nvidia-smi / CUDA reports of "NVIDIA H200 NVL"); the min limit (200 W) and memory clock are
+        # the SXM H200's (no NVL capture). Its 18 NVLinks are there but unused (no bridge), and with
+        # no NVSwitch the GPU fabric answers Not Supported.
+        _p(key="h200-single", description="one H200 NVL PCIe card, no NVLink bridge (fabric Not Supported), 1×NDR",
+           gpu_name="NVIDIA H200 NVL", pci_device_id=0x233B10DE, gpus=1, link_slots=18, links_used=0,
+           nvlink_gen=4, link_mbps=26562, fabric="none", switches=0, switch_sentinel=False,
+           power_limit_w=600, power_min_w=200, power_max_w=600, pcie_gen=5, gpu_pcie_gen=5, pcie_width=16,
+           ib_ports=1, ib_rate_gbps=400, driver="570.124.06", nvml_version="12.570.124.06",
+           sm_clock_max_mhz=1785, mem_clock_max_mhz=3201, fb_total_mib=143771),
         _p(key="pcie-l40s", description="PCIe-only box: 8 L40S, no NVLink, 2×HDR",
            gpu_name="NVIDIA L40S", pci_device_id=0x26B910DE, gpus=8, link_slots=0, links_used=0,
            nvlink_gen=None, link_mbps=None, fabric="none", switches=0, switch_sentinel=False,
