@@ -25,7 +25,7 @@ from nvmon.wire.payloads import status_payload
 
 pytestmark = needs_mosquitto
 
-FAST = Backoff(initial_s=0.05, max_s=0.3)
+FAST = Backoff(initial_s=0.05, max_s=0.3, refused_initial_s=0.05, refused_max_s=0.3)  # refusals too
 
 
 def cluster_name() -> str:

@@ -26,7 +26,7 @@ from samplefactory import healthy_sample
 
 pytestmark = needs_mosquitto
 
-FAST = Backoff(initial_s=0.05, max_s=0.3)
+FAST = Backoff(initial_s=0.05, max_s=0.3, refused_initial_s=0.05, refused_max_s=0.3)  # refusals too
 TESTS = Path(__file__).parent
 
 

@@ -20,7 +20,7 @@ from nvmon.wire.session import MqttSession
 
 pytestmark = needs_mosquitto
 
-FAST = Backoff(initial_s=0.05, max_s=0.3)
+FAST = Backoff(initial_s=0.05, max_s=0.3, refused_initial_s=0.05, refused_max_s=0.3)  # refusals too
 LOG = logging.getLogger("nvmon.test.session")
 
 

@@ -220,16 +220,46 @@ def quiet_aiomqtt_noise(loop, context) -> None:
         loop.default_exception_handler(context)
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether a failed attempt was a "no" that retrying soon will not change: the broker refused
+    the login or the client (a negative CONNACK other than "server unavailable" / "server busy"),
+    the TLS handshake failed (a bad or unknown certificate), or this side's password or certificate
+    files are unreadable. Network trouble (unreachable, reset, timed out, the broker restarting)
+    is transient. A fleet-wide password or CA rotation must not have every node retry every few
+    seconds: `Backoff.delay(..., refused=True)` backs off to a minute."""
+    if isinstance(exc, MqttConnectError):
+        rc = exc.rc
+        if isinstance(rc, int):
+            return rc not in _TRANSIENT_RC
+        return str(rc) not in _TRANSIENT_REASONS
+    if isinstance(exc, ssl.SSLError):  # our own TLS context: bad certificate or key files
+        return True
+    if isinstance(exc, aiomqtt.MqttError):  # aiomqtt keeps only the text of the socket's error
+        text = str(exc).lower()
+        return "ssl" in text or "certificate" in text
+    return isinstance(exc, OSError) and exc.filename is not None  # an unreadable password_file etc.
+
+
+_TRANSIENT_RC = (3,)  # MQTT 3.1.1 CONNACK: server unavailable
+_TRANSIENT_REASONS = ("Server unavailable", "Server busy")  # paho's ReasonCode names (MQTT 5 and 3.1.1)
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential reconnect delay with jitter: a fleet whose broker restarts must not
-    reconnect in lock-step."""
+    reconnect in lock-step. Two schedules: a quick one for transient network errors (`initial_s`
+    doubling to `max_s`), and a slow one for refusals (`refused`: a bad password, a denied client,
+    a TLS failure; `refused_initial_s` doubling to `refused_max_s`), which only an operator fixes
+    and which cost the broker a handshake each."""
 
     initial_s: float = 0.5
     max_s: float = 30.0
     factor: float = 2.0
     jitter: float = 0.5  # the delay is drawn from [(1 - jitter) × d, d]
+    refused_initial_s: float = 2.0
+    refused_max_s: float = 60.0
 
-    def delay(self, attempt: int) -> float:
-        d = min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
+    def delay(self, attempt: int, *, refused: bool = False) -> float:
+        start, cap = (self.refused_initial_s, self.refused_max_s) if refused else (self.initial_s, self.max_s)
+        d = min(cap, start * self.factor ** min(attempt, 64))
         return d * random.uniform(1.0 - self.jitter, 1.0)

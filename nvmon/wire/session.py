@@ -9,7 +9,9 @@ way lives here, once:
 
 - the connection: `make_client` (TLS, user and password file, will, keepalive; the files are read
   again at each attempt, so rotated credentials need no restart);
-- the retry: `Backoff` with jitter, back to the first step after a connection that came up;
+- the retry: `Backoff` with jitter, back to the first step after a connection that came up; a
+  refusal (bad login, denied client, TLS failure: `nvmon.wire.mqtt.refused`) on the slow schedule
+  (to a minute), network trouble on the quick one;
 - the log: a failed attempt is logged once (ERROR), its repeats at DEBUG, a lost connection as a
   WARNING, the way back as "connected again"; anything but broker trouble (a bug) once with its
   traceback, then like any repeat. With `quiet` all of it goes to DEBUG (the load generator runs a
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from nvmon.aio import raise_if_cancelled
-from nvmon.wire.mqtt import BROKER_ERRORS, Backoff, MqttSettings, describe_error, disconnect, make_client
+from nvmon.wire.mqtt import BROKER_ERRORS, Backoff, MqttSettings, describe_error, disconnect, make_client, refused
 
 GOODBYE_S = 0.8  # a clean stop's last message must not hold the stop up (a lost node gets the will)
 DISCONNECT_S = 0.5  # the DISCONNECT handshake when dropping a connection
@@ -100,17 +102,19 @@ class MqttSession:
         """
         attempt = 0
         while True:
-            before = self._connects
+            before, no = self._connects, False
             try:
                 await self._connection(on_connect, setup)
             except BROKER_ERRORS as e:
-                self._note_error(e, lost=self._connects != before, bug=False)
+                no = self._connects == before and refused(e)
+                self._note_error(e, lost=self._connects != before, bug=False, refused=no)
             except Exception as e:  # a bug or a library surprise: keep the owner's other work alive
                 self._note_error(e, lost=self._connects != before, bug=True)
             raise_if_cancelled()  # a cancel aiomqtt swallowed while connecting or disconnecting
             if self._connects != before:
                 attempt = 0  # it worked for a while: retry quickly before backing off again
-            await asyncio.sleep(self.backoff.delay(attempt))
+            # A refusal (login, authorization, TLS) backs off to a minute; network trouble retries quickly.
+            await asyncio.sleep(self.backoff.delay(attempt, refused=no))
             attempt += 1
 
     # --- internals ------------------------------------------------------------------------
@@ -155,7 +159,7 @@ class MqttSession:
             self._log(logging.INFO, "%s %s: connected as %s", self.what, self.settings.url, who)
         self._trouble, self._failed, self._last_logged = False, 0, None
 
-    def _note_error(self, exc: BaseException, *, lost: bool, bug: bool) -> None:
+    def _note_error(self, exc: BaseException, *, lost: bool, bug: bool, refused: bool = False) -> None:
         msg = describe_error(exc)
         self._errors += 1
         self._trouble = True
@@ -170,7 +174,9 @@ class MqttSession:
         elif msg == self._last_logged:  # the same failure every few seconds is logged once
             self._log(logging.DEBUG, "%s %s: still cannot connect: %s", self.what, url, msg)
         else:
-            self._log(logging.ERROR, "%s %s: cannot connect: %s; retrying with backoff", self.what, url, msg)
+            cap = self.backoff.refused_max_s if refused else self.backoff.max_s
+            self._log(logging.ERROR, "%s %s: cannot connect: %s; retrying with backoff (up to %g s)", self.what,
+                      url, msg, cap)
         self._last_logged = msg
 
     async def _say_goodbye(self, client) -> None:
