@@ -116,7 +116,8 @@ def mqtt_settings(url: str, section=None, *, keepalive: bool = False):
         return MqttSettings(url=url, username=m.username if m else None,
                             password_file=s(m.password_file) if m else None,
                             ca_file=s(m.ca_file) if m else None, cert_file=s(m.cert_file) if m else None,
-                            key_file=s(m.key_file) if m else None, **extra)
+                            key_file=s(m.key_file) if m else None, tls_insecure=bool(m and m.tls_insecure),
+                            **extra)
     except ValueError as e:
         raise NvmonError(str(e)) from None
 

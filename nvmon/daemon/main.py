@@ -124,9 +124,11 @@ class Daemon:
 
         settings = MqttSettings(url=m.broker, username=m.username, password_file=m.password_file,
                                 ca_file=m.ca_file, cert_file=m.cert_file, key_file=m.key_file,
-                                keepalive_s=m.keepalive_s, client_id=f"nvmon-{self.cfg.node.cluster}-{self.node}")
+                                tls_insecure=m.tls_insecure, keepalive_s=m.keepalive_s,
+                                client_id=f"nvmon-{self.cfg.node.cluster}-{self.node}")
         # Backoff capped at 4 s (jittered down to 2 s): a node must be publishing again within 5 s
-        # of its broker's return, and jitter keeps a fleet from reconnecting in lock-step.
+        # of its broker's return, and jitter keeps a fleet from reconnecting in lock-step. A refused
+        # login or a TLS failure backs off to 60 s instead (Backoff.refused_max_s).
         return Publisher(settings, cluster=self.cfg.node.cluster, node=self.node, version=__version__,
                          interval_s=self.cfg.sampling.interval_s, backoff=Backoff(initial_s=0.5, max_s=4.0))
 
