@@ -68,3 +68,51 @@ def test_config_errors_are_plain_and_count_hooks_from_one(tmp_path, command, tex
     one_line_error(r, f"nvmon: {cfg}: {expected}")
     assert "Input should" not in r.stderr and "valid tuple" not in r.stderr
     assert files(tmp_path) == before
+
+
+# ---------------------------------------------------------------- help texts
+
+
+def test_top_level_help_gives_each_command_a_whole_line_within_80_columns(tmp_path):
+    from nvmon.cli import cli
+
+    r = nvmon(tmp_path, "--help")
+    assert r.returncode == 0, r.stderr
+    listing = r.stdout.split("Commands:", 1)[1].splitlines()
+    for name in cli.commands:
+        line = next((ln for ln in listing if ln.split()[:1] == [name]), None)
+        assert line is not None, (name, r.stdout)
+        assert len(line) <= 80 and not line.rstrip().endswith(("...", "…")), line
+
+
+def test_help_texts_name_the_right_things(tmp_path):
+    history = nvmon(tmp_path, "history", "--help").stdout
+    assert "nvmon-daemon" not in history and "(`nvmon daemon`)" in " ".join(history.split())
+    audit = " ".join(nvmon(tmp_path, "audit", "--help").stdout.split())
+    assert "docs/audit.md" in audit and "sample-schema" not in audit
+    sample = " ".join(nvmon(tmp_path, "sample", "--help").stdout.split())
+    assert "docs/sample-schema.md" in sample
+
+
+def test_profiles_prints_plain_text_and_json(tmp_path):
+    from nvmon.sim.profiles import PROFILES
+
+    r = nvmon(tmp_path, "profiles")
+    assert r.returncode == 0 and r.stderr == ""
+    assert "``" not in r.stdout and "::" not in r.stdout and "`" not in r.stdout
+    assert "--sim syntax: PROFILE[,KEY=VALUE]... — for example:\n" in r.stdout
+    assert "    hgx-h100,load=idle,seed=7\n" in r.stdout  # examples keep their indentation
+    assert "\nKeys (repeatable unless noted):\n" in r.stdout
+    assert all(f"  {key} " in r.stdout for key in PROFILES)
+    r = nvmon(tmp_path, "profiles", "--json")
+    out = json.loads(r.stdout)
+    assert set(out) == {"profiles", "sim_syntax"}
+    assert [p["name"] for p in out["profiles"]] == list(PROFILES)
+    h100 = next(p for p in out["profiles"] if p["name"] == "hgx-h100")
+    assert h100 == {"name": "hgx-h100", "description": PROFILES["hgx-h100"].description,
+                    "gpu": "NVIDIA H100 80GB HBM3", "gpus": 8, "nvlink": "NVSwitch", "ib_ports": 8,
+                    "ib_rate_gbps": 400}
+    assert out["sim_syntax"].startswith("PROFILE[,KEY=VALUE]...") and "``" not in out["sim_syntax"]
+    help_text = " ".join(nvmon(tmp_path, "profiles", "--help").stdout.split())
+    for key in ("profiles", "name", "description", "gpu", "gpus", "nvlink", "ib_ports", "ib_rate_gbps", "sim_syntax"):
+        assert key in help_text

@@ -2,7 +2,7 @@
 
     root.py     the root group, `main()` (the console entry point `nvmon.cli:main`), registration
     common.py   what the commands share: the one error class (`NvmonError`), option checks
-    node.py     sample, audit, daemon, profiles: the commands run on a node
+    node.py     sample, audit, daemon: the commands run on a node      profiles.py  profiles
     alerts.py   alerts (list, ack, silence, silences, unsilence)     hooks.py    hooks test
     history.py  history          tui.py      tui          demo.py     demo
     fleet.py    fleet (the evaluator in nvmon.fleet.service, as a command)

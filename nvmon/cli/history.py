@@ -113,8 +113,8 @@ def history_command(db_path: str, since: float, until: float | None, gpus: tuple
                     as_csv: bool, limit: int | None) -> None:
     """Show the node's recorded history: GPU power, temperatures, NVLink, PCIe and InfiniBand rates.
 
-    Reads the local SQLite database written by nvmon-daemon, without writing to it, so it can run
-    while the daemon records. Times are UTC.
+    Reads the local SQLite database that the node agent (`nvmon daemon`) writes, without writing
+    to it, so it can run while the daemon records. Times are UTC.
     """
     if as_json and as_csv:
         raise click.UsageError("choose one of --json and --csv")

@@ -1,4 +1,4 @@
-"""The commands about this node: `sample` and `audit` (once), `daemon` (the node agent), `profiles`.
+"""The commands about this node: `sample` and `audit` (once), `daemon` (the node agent).
 
 `--sim SPEC` puts a simulated board (nvmon.sim) in place of the hardware for any of them.
 """
@@ -49,7 +49,6 @@ def sampling_options(f):
                           "'hgx-h100,nvlink_down=2.5,ib_rate=mlx5_1:100'. See `nvmon profiles`.")(f)
     f = click.option("--interval", type=float, default=1.0, show_default=True, callback=check_interval,
                      help="Seconds between the two readings that rates are measured over.")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/sample-schema.md).")(f)
     return f
 
 
@@ -90,6 +89,7 @@ def _take_sample(sim: str | None, sysfs_root: Path | None, node: str | None, int
 
 @click.command()
 @sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema in docs/sample-schema.md).")
 def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | None, node: str | None) -> None:
     """One snapshot of this node: GPUs, NVLink per link, PCIe, power, InfiniBand, topology.
 
@@ -111,6 +111,7 @@ def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | N
 
 @click.command()
 @sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (keys in docs/audit.md).")
 @click.option("--expect-gpus", type=click.IntRange(1, 64), metavar="N", help="GPUs this node must have.")
 @click.option("--expect-ib", metavar="PORTSxGBPS", help="Active InfiniBand ports and rate, e.g. 8x200.")
 @click.option("--expect-topology", type=click.Choice(["nvswitch", "pairs", "mesh", "none"]),
@@ -230,14 +231,3 @@ def _checked_paths(cfg):
     if cfg.mqtt.broker:
         check_broker_files(mqtt_settings(cfg.mqtt.broker, cfg.mqtt, keepalive=True))
     return cfg if db == cfg.store.path else cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": db})})
-
-
-@click.command()
-def profiles() -> None:
-    """List the simulator's board profiles and the --sim syntax."""
-    from nvmon.sim import scenario
-    from nvmon.sim.profiles import PROFILES
-
-    for p in PROFILES.values():
-        click.echo(f"  {p.key:<11} {p.description}")
-    click.echo("\n--sim syntax:\n" + scenario.__doc__.split("Syntax:", 1)[1])

@@ -31,14 +31,35 @@ def _register_subcommands() -> None:
     from nvmon.cli.fleet import fleet_command
     from nvmon.cli.history import history_command
     from nvmon.cli.hooks import hooks_group
-    from nvmon.cli.node import audit, daemon, profiles, sample
+    from nvmon.cli.node import audit, daemon, sample
     from nvmon.cli.nodes import forget_command, nodes_command
+    from nvmon.cli.profiles import profiles_command
     from nvmon.cli.simfleet import sim_fleet_command
     from nvmon.cli.tui import tui_command
 
-    for command in (sample, audit, daemon, profiles, alerts_command, demo_command, history_command, hooks_group,
-                    fleet_command, sim_fleet_command, tui_command, nodes_command, forget_command):
+    for command in (sample, audit, daemon, profiles_command, alerts_command, demo_command, history_command,
+                    hooks_group, fleet_command, sim_fleet_command, tui_command, nodes_command, forget_command):
+        command.short_help = SHORT_HELP.get(command.name, command.short_help)
         cli.add_command(command)
+
+
+# `nvmon --help`'s one line per command: whole, within 80 columns (click would cut each
+# command's first docstring sentence with "..."). tests/test_cli_wording.py holds them to it.
+SHORT_HELP = {
+    "sample": "One snapshot of this node: GPUs, NVLink, PCIe, power, IB.",
+    "audit": "Check this node against its spec (Nagios exit 0-3).",
+    "daemon": "Run the node agent: history, MQTT, Prometheus /metrics.",
+    "profiles": "List the simulator's boards and the --sim syntax.",
+    "alerts": "This node's alerts (or a fleet's): list, ack, silence.",
+    "demo": "A simulated fleet with planted faults, live in the TUI.",
+    "history": "Show this node's recorded history (read-only).",
+    "hooks": "On-call hooks: send a test alert through each one.",
+    "fleet": "Evaluate fleet rules and page: offline nodes, racks.",
+    "sim-fleet": "Publish a simulated fleet to a broker (load test).",
+    "tui": "Live view of the fleet: nodes, GPUs, alerts.",
+    "nodes": "List a fleet's nodes and their liveness.",
+    "forget": "Forget decommissioned nodes on the broker.",
+}
 
 
 _register_subcommands()
