@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from nvmon.audit import AuditReport, Finding, audit, describe_board
+from nvmon.audit import AuditReport, Finding, audit, describe_board, fabric_domain
 from nvmon.codes import SEVERITIES, Severity
 from nvmon.model import GpuSample, IbPortSample, PcieLink, Sample
 
@@ -411,6 +411,11 @@ def _header(sample: Sample) -> Text:
         text.append(f", driver {plain(sample.nvml.driver_version)}")
         board = sample.topology.class_
         text.append(f", board: {_BOARD_SHORT.get(board, plain(board))}")
+        domain = fabric_domain(sample)
+        if domain.multi_node:  # NVL72-class: the domain's UUID and this node's clique in it
+            text.append(f"\nNVLink domain: cluster {plain(domain.cluster_uuid)}, clique {domain.clique_id}")
+        elif domain.cluster_uuid is not None:
+            text.append(f"\nNVLink domain: this board (cluster UUID zero, clique {domain.clique_id})", style="dim")
     else:
         text.append(f"{BAD} NVML unavailable: {plain(sample.nvml.error)}", style="bold red")
     host = sample.host

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from nvmon.audit.fabric import _check_fabric
+from nvmon.audit.fabric import FabricDomain, _check_fabric, fabric_domain
 from nvmon.audit.board import SPLIT_BOARDS, _check_topology, _expected_board, describe_board
 from nvmon.audit.findings import (
     AUDIT_SCHEMA,
@@ -47,7 +47,7 @@ from nvmon.specs import NodeSpec, gpu_spec_for
 
 __all__ = [
     "AUDIT_SCHEMA", "BRAKE_THROTTLES", "EXIT_CODES", "POWER_THROTTLES", "RULES", "SPLIT_BOARDS", "THERMAL_THROTTLES",
-    "AuditReport",
+    "AuditReport", "FabricDomain", "fabric_domain",
     "Finding", "Judge", "Thresholds", "audit", "describe_board", "finding_to_dict", "is_busy", "nvlink_bytes_per_s",
     "report_to_dict", "_is_active", "_is_down",
 ]

@@ -19,6 +19,9 @@ A GPU without a fabric (NotSupported: PCIe cards, NVLink bridges, A100 HGX) is n
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import NamedTuple
+
 from nvmon.audit.findings import Finding, _finding
 from nvmon.codes import Severity
 from nvmon.model import (FABRIC_INCORRECT_CONFIGURATION, FABRIC_STATES, GpuSample, Sample, fabric_flags,
@@ -45,6 +48,35 @@ _TROUBLE = {
     "access_timeout_recovery": (_W, "access-timeout recovery"),
     "gfm_disconnected": (_W, "global fabric manager disconnected"),
 }
+
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"  # an HGX board's: not in a multi-node NVLink domain
+
+
+class FabricDomain(NamedTuple):
+    """The node's NVLink domain as its GPUs' fabric reports it (the inventory's `fabric`)."""
+
+    cluster_uuid: str | None  # None: no GPU reported one
+    clique_id: int | None
+
+    def as_dict(self) -> dict | None:
+        """The wire inventory's `fabric` block; None where no GPU reported a fabric."""
+        if self.cluster_uuid is None and self.clique_id is None:
+            return None
+        return {"cluster_uuid": self.cluster_uuid, "clique_id": self.clique_id}
+
+    @property
+    def multi_node(self) -> bool:
+        """True in an NVL72-class domain: a cluster UUID that is not all zeros (nodes group by it)."""
+        return self.cluster_uuid is not None and self.cluster_uuid != ZERO_UUID
+
+
+def fabric_domain(sample: Sample) -> FabricDomain:
+    """The cluster UUID and clique id most of the node's GPUs report (all do on a healthy node)."""
+    uuids = Counter(g.fabric.cluster_uuid for g in sample.gpus if g.fabric.cluster_uuid is not None)
+    cliques = Counter(g.fabric.clique_id for g in sample.gpus if g.fabric.clique_id is not None)
+    return FabricDomain(uuids.most_common(1)[0][0] if uuids else None,
+                        cliques.most_common(1)[0][0] if cliques else None)
 
 
 def status_words(code: int | None) -> str:

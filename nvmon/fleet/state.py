@@ -122,6 +122,12 @@ class NodeView:
     def labels(self) -> Mapping[str, str]:
         return self.inventory.labels if self.inventory is not None else {}
 
+    @property
+    def cluster_uuid(self) -> str | None:
+        """The multi-node NVLink domain (NVL72-class) the node's GPUs report, from its inventory:
+        what a view groups nodes by when present; None outside one (HGX: an all-zero UUID)."""
+        return self.inventory.cluster_uuid if self.inventory is not None else None
+
     def alert_counts(self) -> dict[str, int]:
         """Active alerts by severity ("critical", "warning", "info")."""
         return dict(Counter(a.severity for a in self.alerts.alerts)) if self.alerts is not None else {}

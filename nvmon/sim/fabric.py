@@ -67,6 +67,9 @@ def fabric_info(board, gpu: int, t: float) -> tuple[int, int, int, bytes, int, i
         return None
     blackwell = (p.nvlink_gen or 0) >= 5
     state, status, clique, uuid = COMPLETED, SUCCESS, 0, bytes(16)
+    if board.scenario.fabric_cluster is not None:  # a multi-node NVLink domain
+        text, clique = board.scenario.fabric_cluster
+        uuid = bytes.fromhex(text.replace("-", ""))
     mask, summary = (_ACCESS_TIMEOUT_FALSE, 1) if blackwell else (0, 0)
     for f in board.faults("fabric", t):
         state = STATES[f.what]

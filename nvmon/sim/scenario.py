@@ -48,6 +48,9 @@ Keys (repeatable unless noted):
     fabric_health=BIT[:G]  a fabric health field set (degraded_bandwidth, route_recovery,
                            route_unhealthy, access_timeout_recovery, incorrect_configuration)
                            or the health summary (unhealthy, limited_capacity); all GPUs unless :G
+    fabric_cluster=UUID[:CLIQUE]  the GPUs' fabric reports this cluster UUID and clique id (default
+                           clique 1), as in a multi-node NVLink domain (NVL72-class); fabric
+                           boards only; without it, an HGX board's all-zero UUID and clique 0   [once]
     notsup=WHAT[:G]        an NVML query answers Not Supported (WHAT: temperature, utilization,
                            throttle, energy, nvlink_state_field, pcie_bytes, xid_events); all
                            GPUs unless :G (xid_events: registering for Xid events is refused)
@@ -100,6 +103,7 @@ class Scenario:
     load: str = "allreduce"
     nvml: bool = True
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+    fabric_cluster: tuple[str, int] | None = None  # (cluster UUID, clique id) the fabric reports
 
 
 def _int(text: str, what: str, spec: str) -> int:
@@ -121,6 +125,7 @@ def parse_scenario(spec: str) -> Scenario:
     if profile not in PROFILES:
         raise SimSpecError(f"--sim: unknown board profile {parts[0]!r}; known: {', '.join(PROFILES)}")
     seed, load, nvml = 1, "allreduce", True
+    cluster: tuple[str, int] | None = None
     faults: list[Fault] = []
     for part in parts[1:]:
         if not part:
@@ -139,13 +144,19 @@ def parse_scenario(spec: str) -> Scenario:
             if value not in ("on", "off"):
                 raise SimSpecError(f"--sim {spec!r}: nvml must be on or off")
             nvml = value == "on"
+        elif key == "fabric_cluster":
+            cluster = _parse_cluster(value, spec)
         elif key in FAULT_KEYS:
             faults.append(_parse_fault(key, value, spec))
         else:
             raise SimSpecError(
-                f"--sim {spec!r}: unknown key {key!r}; known: seed, load, nvml, {', '.join(FAULT_KEYS)}"
+                f"--sim {spec!r}: unknown key {key!r}; known: seed, load, nvml, fabric_cluster, "
+                f"{', '.join(FAULT_KEYS)}"
             )
     prof = PROFILES[profile]
+    if cluster is not None and not has_fabric(prof):
+        raise SimSpecError(f"--sim {spec!r}: fabric_cluster: {profile} has no GPU fabric NVML reports; use "
+                           "hgx-h100, hgx-h200, hgx-h800 or hgx-b200")
     for f in faults:
         if f.kind.startswith("fabric") and not has_fabric(prof):
             raise SimSpecError(f"--sim {spec!r}: {f.kind}: {profile} has no GPU fabric NVML reports (it answers "
@@ -162,7 +173,20 @@ def parse_scenario(spec: str) -> Scenario:
             m = re.fullmatch(r"mlx5_(\d+)", f.port)
             if not m or int(m.group(1)) >= prof.ib_ports:
                 raise SimSpecError(f"--sim {spec!r}: {f.kind}: no IB device {f.port!r} (mlx5_0..mlx5_{prof.ib_ports - 1})")
-    return Scenario(profile=profile, seed=seed, load=load, nvml=nvml, faults=tuple(faults))
+    return Scenario(profile=profile, seed=seed, load=load, nvml=nvml, faults=tuple(faults), fabric_cluster=cluster)
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def _parse_cluster(value: str, spec: str) -> tuple[str, int]:
+    uuid, _, clique = value.partition(":")
+    if not _UUID.fullmatch(uuid):
+        raise SimSpecError(f"--sim {spec!r}: fabric_cluster takes a UUID (8-4-4-4-12 hex digits)[:CLIQUE]")
+    n = _int(clique, "fabric_cluster clique id", spec) if clique else 1
+    if n >= 2**32:
+        raise SimSpecError(f"--sim {spec!r}: fabric_cluster clique id must be below 2^32")
+    return uuid.lower(), n
 
 
 def _parse_when(kind: str, at: str, spec: str) -> tuple[float, float | None]:

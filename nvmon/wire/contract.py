@@ -230,6 +230,19 @@ class Inventory:
     driver_version: str | None
     nvml_version: str | None
     nvml_error: str | None
+    # The node's NVLink domain as its GPUs' fabric reports it (None: no fabric reported). A cluster
+    # UUID that is not all zeros names a multi-node (NVL72-class) domain: `cluster_uuid` then.
+    fabric_cluster_uuid: str | None = None
+    fabric_clique_id: int | None = None
+
+    @property
+    def cluster_uuid(self) -> str | None:
+        """The multi-node NVLink domain this node belongs to, for grouping nodes; None outside one."""
+        u = self.fabric_cluster_uuid
+        return u if u is not None and u != ZERO_CLUSTER_UUID else None
+
+
+ZERO_CLUSTER_UUID = "00000000-0000-0000-0000-000000000000"  # an HGX board's: no multi-node domain
 
 
 @dataclass(frozen=True, slots=True)

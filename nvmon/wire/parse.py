@@ -72,6 +72,7 @@ from nvmon.wire.contract import (
 _G = re.compile(r"\d{1,4}", re.ASCII)
 _GL = re.compile(r"(\d{1,4})\.(\d{1,3})", re.ASCII)
 _LAYOUT = re.compile(r"[0-9a-f]{1,16}")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", re.ASCII)
 
 
 def _pcie(v: object, path: str) -> PcieInfo:
@@ -153,6 +154,10 @@ def _inventory(d: dict, cluster: str, node: str, ts: float) -> Inventory:
         switches.append(SwitchInfo(bus_id=text(s.get("bus_id"), f"nvswitches[{i}].bus_id", null=False),
                                    kind=text(s.get("kind"), f"nvswitches[{i}].kind", 32, null=False),
                                    pcie=_pcie(s.get("pcie"), f"nvswitches[{i}].pcie")))
+    fabric = {} if d.get("fabric") is None else obj(d["fabric"], "fabric")
+    cluster_uuid = text(fabric.get("cluster_uuid"), "fabric.cluster_uuid", 36)
+    if cluster_uuid is not None and not _UUID.fullmatch(cluster_uuid):
+        raise WireError("fabric.cluster_uuid: expected a UUID (8-4-4-4-12 hex digits)")
     return Inventory(
         cluster=cluster, node=node, ts=ts, rack=text(d.get("rack"), "rack", MAX_NAME),
         labels=labels(d.get("labels"), "labels"), layout=layout,
@@ -168,6 +173,8 @@ def _inventory(d: dict, cluster: str, node: str, ts: float) -> Inventory:
         driver_version=text(nvml.get("driver_version"), "nvml.driver_version"),
         nvml_version=text(nvml.get("nvml_version"), "nvml.nvml_version"),
         nvml_error=text(nvml.get("error"), "nvml.error"),
+        fabric_cluster_uuid=cluster_uuid.lower() if cluster_uuid is not None else None,
+        fabric_clique_id=integer(fabric.get("clique_id"), "fabric.clique_id", 0, 2**32 - 1),
     )
 
 

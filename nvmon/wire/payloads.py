@@ -22,7 +22,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from nvmon.audit import Finding
+from nvmon.audit import Finding, fabric_domain
 from nvmon.catalog import GPU_WIRE, GPU_WIRE_FACTS
 from nvmon.codes import Severity
 from nvmon.model import Sample
@@ -456,6 +456,7 @@ def inventory_payload(sample: Sample, *, cluster: str, rack: str | None = None,
         "nvswitches": [{"bus_id": _text(s.pci_bus_id), "kind": _text(s.kind, 32), "pcie": _pcie(s.pcie, current=True)}
                        for s in sample.nvswitches],
         "spec": _spec_dict(sample, spec),
+        "fabric": fabric_domain(sample).as_dict(),  # the node's NVLink domain (docs/wire.md)
         "host": {"hostname": _text(sample.host.hostname), "kernel": _text(sample.host.kernel)},
         "nvml": {"driver_version": _text(sample.nvml.driver_version), "nvml_version": _text(sample.nvml.nvml_version),
                  "error": None if sample.nvml.available else _text(sample.nvml.error or "unavailable")},
