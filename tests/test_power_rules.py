@@ -166,3 +166,27 @@ def test_power_cap_resolves_within_one_tick_and_clear_s_of_the_cap_ending():
     assert cap[2][2] == "GPU 4 power-capped (sw_power_cap) at 350 W of 350 W"  # not 'at 574 W of 350 W'
     [limit] = [t for t, _, st, code, *_ in seen if code == "power.limit" and st == "resolved"]
     assert 39 + 2 <= limit <= 40 + 1 + 2
+
+
+def test_a_power_brake_marks_the_fleet_row_from_the_findings_the_wire_carries():
+    from nvmon.fleet.state import FleetState
+    from nvmon.wire.contract import topic
+    from nvmon.wire.payloads import inventory_payload, sample_payload, status_payload
+
+    clock = Clock()
+    node = SimNode("hgx-h100,power_brake=6", clock=clock)
+    sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n1", before_tick=node.sync, clock=clock)
+    try:
+        sampler.open()
+        for _ in range(3):  # throttle reasons are read every 2-3 ticks
+            s = sampler.sample()
+            clock.t += 1
+    finally:
+        sampler.close()
+        node.close()
+    state = FleetState()
+    assert state.apply(topic("c", "n1", "status"), status_payload("online", version="1", interval_s=1.0, ts=T0), T0)
+    assert state.apply(topic("c", "n1", "inventory"), inventory_payload(s, cluster="c"), T0)
+    assert state.apply(topic("c", "n1", "sample"), sample_payload(s, audit(s).findings), T0)
+    row = state.nodes[("c", "n1")].summary
+    assert row.marks == {"power": "critical"} and row.power_capped == 1

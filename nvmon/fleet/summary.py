@@ -27,7 +27,7 @@ COLUMN_OF: dict[str, str] = {
     "fabric.not_ready": "links", "fabric.status": "links", "fabric.health": "links",  # NVLink unusable / degraded
     "pcie.width": "pcie", "pcie.gen": "pcie", "pcie.replay": "pcie",
     "ib.port_down": "ib", "ib.rate": "ib", "ib.errors": "ib", "ib.count": "ib",
-    "power.limit": "power", "power.cap": "power", "thermal": "temp",
+    "power.limit": "power", "power.cap": "power", "power.brake": "power", "thermal": "temp",
     "gpu.lost": "gpus", "gpu.count": "gpus", "gpu.xid": "gpus", "nvml.unavailable": "gpus",
 }
 
@@ -52,7 +52,7 @@ class Summary:
     ib_min_rate_gbps: float | None  # slowest port that is up
     power_w: float | None  # GPU power draw summed
     power_limit_w: float | None  # enforced limits summed
-    power_capped: int  # GPUs with a power.limit or power.cap finding
+    power_capped: int  # GPUs with a power.limit, power.cap or power.brake finding
     hottest_c: float | None
     hottest_gpu: int | None
     errors_rising: int  # error counters (NVLink, PCIe replay, IB) that rose over this tick
@@ -193,7 +193,7 @@ def _marks(findings: tuple[TickFinding, ...]) -> tuple[dict[str, str], int, list
         col = "ib" if f.code.startswith("pcie.") and f.gpu is None and f.device is not None else COLUMN_OF.get(f.code)
         if col is not None:
             marks[col] = Severity.worst((f.severity, marks.get(col, f.severity)))
-        if f.code in ("power.limit", "power.cap") and f.gpu is not None:
+        if f.code in ("power.limit", "power.cap", "power.brake") and f.gpu is not None:
             power.add(f.gpu)
         elif f.code in ("pcie.width", "pcie.gen") and f.gpu is not None:
             pcie.append((Severity.rank_of(f.severity), f.gpu))
