@@ -259,7 +259,7 @@ def test_demo_at_80x24_shows_every_planted_fault_without_scrolling(tmp_path):
         next(n.name for n in plan.nodes if n.profile == "pairs-a100"): "✗ pairs",
         fault(plan, "pcie_width")[0]: f"⚠ x8 GPU{fault(plan, 'pcie_width')[1].split(':')[0]}",
         fault(plan, "ib_rate")[0]: "⚠ 100G",
-        fault(plan, "power_cap")[0]: "⚠ cap1",
+        fault(plan, "power_cap")[0]: "⚠cap1",
         fault(plan, "fabric")[0]: "✗ fabric",
         fault(plan, "nvlink_errors")[0]: "⚠ err ",
         dying.name: "✗ lost",

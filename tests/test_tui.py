@@ -51,7 +51,7 @@ async def test_fleet_screen_rows_status_and_problem_symbols():
         assert column_plain(t, "pcie")[2] == "⚠ x8 GPU3" and column_plain(t, "pcie")[0] == "✓ Gen5 x16"
         assert column_plain(t, "ib")[3] == "⚠ 100G" and column_plain(t, "ib")[0] == "✓ 8/8"
         assert column_plain(t, "links")[5].startswith("✗ 143/144 ⚠") and column_plain(t, "links")[1] == "⚠ pairs"
-        assert column_plain(t, "power")[4].startswith("⚠ cap1 ") and column_plain(t, "temp")[9].startswith("⚠92°C G6")
+        assert column_plain(t, "power")[4].startswith("⚠cap1 ") and column_plain(t, "temp")[9].startswith("⚠92°C G6")
         assert column_plain(t, "alerts")[5] == "✗1 ⚠1" and column_plain(t, "alerts")[0] == "✓"
         assert column_plain(t, "gpus")[1] == "8×A100 80GB PCIe"
         head = header_text(app)

@@ -38,7 +38,7 @@ async def test_problem_columns_fit_80_columns():
         assert all(len(line) <= 80 for line in lines)
         assert lines[2].split() == ["Node", "▲", "Status", "Alerts", "Links", "PCIe", "IB", "GPU", "kW", "Hottest"]
         # Every planted fault of the showcase fleet is named on its row, no scrolling.
-        marks = {1: "⚠ pairs", 2: "⚠ x8 GPU3", 3: "⚠ 100G", 4: "⚠ cap1", 5: "✗ 143/144", OFFLINE: "✗ lost",
+        marks = {1: "⚠ pairs", 2: "⚠ x8 GPU3", 3: "⚠ 100G", 4: "⚠cap1", 5: "✗ 143/144", OFFLINE: "✗ lost",
                  STALE: "⚠ stale", 9: "⚠92°C G6"}
         for i, mark in marks.items():
             assert mark in row_of(lines, sim.names[i]), (mark, row_of(lines, sim.names[i]))

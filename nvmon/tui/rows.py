@@ -8,7 +8,7 @@ to the top. A judged column ranks first by the worst severity of the findings it
 
 Cells are compact so that the problem columns (Node to Hottest) fit 80 columns: a healthy cell says
 little (`✓ 8/8`), a marked one names what the node's findings are about (`✗ pairs`, `✗ fabric`,
-`⚠ x8 GPU4`, `⚠ 100G`, `⚠ cap1`), and the numbers behind them are on the node screen.
+`⚠ x8 GPU4`, `⚠ 100G`, `⚠cap1`), and the numbers behind them are on the node screen.
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def c_power(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     if s is None or not known(s.power_w):
         return NONE
     style = _judged(v, "power", "")
-    if style:  # the capped GPUs first, then the draw (the limits are on the node screen)
-        return _mark(style, (f"cap{s.power_capped} " if s.power_capped else "") + kw(s.power_w))
+    if style:  # the capped GPUs first, then the draw (the limits are on the node screen); mark glued on
+        return ((f"{SYMBOL[style]}" + (f"cap{s.power_capped} " if s.power_capped else " ") + kw(s.power_w), style),)
     return ((f"{kw(s.power_w)}/{kw(s.power_limit_w)}", ""),)
 
 
@@ -263,8 +263,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("pcie", "PCIe", 10, c_pcie, s_pcie, "the GPU PCIe link the node's audit found short (⚠ x8 GPU4), else the lowest"),
     Column("ib", "IB", 9, c_ib, s_ib, "IB ports up / expected; ⚠ 100G: the slowest port, when a rate is a finding; "
            "+Neth: ports in Ethernet mode"),
-    Column("power", "GPU kW", 10, c_power, _judged_num("power", "power_w"),
-           "GPU draw / sum of limits in kW; ⚠ capN: N GPUs with a power.cap or power.limit finding"),
+    Column("power", "GPU kW", 9, c_power, _judged_num("power", "power_w"),
+           "GPU draw / sum of limits in kW; ⚠capN: N GPUs with a power.cap or power.limit finding"),
     Column("temp", "Hottest", 8, c_temp, _judged_num("temp", "hottest_c"), "hottest GPU; ⚠ a thermal finding"),
     Column("nvlink", "NVLink GB/s", 11, c_nvlink, _summary_num("nvlink_bytes_per_s"),
            "NVLink TX+RX over all GPUs and links, and % of the model's spec"),

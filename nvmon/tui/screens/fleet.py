@@ -64,11 +64,14 @@ class FleetScreen(Screen):
         self.refresh_data(self.app.now())
 
     def refresh_data(self, now: float) -> None:
+        if not self.query(FleetTable):  # the redraw timer came between mounting the screen and its widgets
+            return
         self.table.sync(now)
         self._show_status()
 
     def on_fleet_table_scrolled(self, message) -> None:
-        self._show_status()
+        if self.query("#fleet-status"):
+            self._show_status()
 
     def _show_status(self) -> None:
         t = self.table

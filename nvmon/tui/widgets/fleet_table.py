@@ -419,9 +419,9 @@ class FleetTable(ScrollView, can_focus=True):
         self.scroll_to(x=min(target, self.max_scroll_x), animate=False, force=True, immediate=True)
 
     def columns_shown(self) -> tuple[int, int]:
-        """(first, last) column numbers (1-based, the node column is 1) wholly or partly on screen."""
+        """(first, last) column numbers (1-based, the node column is 1) whose text is wholly on screen."""
         x, width = round(self.scroll_offset.x), self.scrollable_content_region.width - self.widths[0]
-        shown = [i + 2 for i, e in enumerate(self.column_edges()) if e + self.widths[i + 1] > x and e < x + width]
+        shown = [i + 2 for i, e in enumerate(self.column_edges()) if e >= x and e + self.widths[i + 1] <= x + width]
         return (shown[0] if shown else 2, shown[-1] if shown else 2)
 
     def _cells(self, rk: str) -> tuple:
