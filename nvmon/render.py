@@ -6,7 +6,8 @@ short "Problems" list under the tables. Wider terminals get the same layout.
 
 Two rules hold everywhere here:
 - Meaning never rides on colour alone: every state also carries a symbol or a word (✓ fine, ✗ fault,
-  ! warning, ↑ rising), so the output reads the same when piped or on a monochrome terminal.
+  ⚠ warning, ℹ info, ↑ rising: the TUI's symbols), so the output reads the same when piped or on a
+  monochrome terminal.
 - Strings that come from hardware or the network (GPU names, device names, notes, messages that
   quote them) are shown literally: control characters are stripped and they go into `Text`
   objects (never parsed as markup), or through `rich.markup.escape` where markup is built.
@@ -28,7 +29,8 @@ from nvmon.audit import AuditReport, Finding, audit, describe_board, fabric_doma
 from nvmon.codes import SEVERITIES, Severity
 from nvmon.model import GpuSample, IbPortSample, PcieLink, Sample
 
-OK, BAD, WARN, UP = "✓", "✗", "!", "↑"
+OK, BAD, WARN, INFO, UP = "✓", "✗", "⚠", "ℹ", "↑"  # the TUI's (nvmon.tui.text.SYMBOL) too
+SEVERITY_SYMBOL = {"critical": BAD, "warning": WARN, "info": INFO}  # a finding's or an alert's mark
 DASH = "-"  # shown for None: "could not be read"
 MAX_LIST_LINES = 10  # Problems / Notes: this many lines, then "… and N more"
 
@@ -50,6 +52,11 @@ def literal(value: Any, style: str = "") -> Text:
 def markup_safe(value: Any) -> str:
     """`value` ready to be embedded in a Rich markup string."""
     return escape(plain(value))
+
+
+def port_name(device: Any, port: Any) -> str:
+    """An IB port as every nvmon view names it: 'mlx5_0:1' (device:port)."""
+    return f"{plain(device)}:{port}"
 
 
 def _one_line(text: Text) -> Text:
@@ -94,7 +101,7 @@ def _title(words: str) -> Text:
 
 # ---------------------------------------------------------------- cells
 #
-# Every mark in these cells (✗ ! ✓) comes from the audit's findings: this module never holds a
+# Every mark in these cells (✗ ⚠ ✓) comes from the audit's findings: this module never holds a
 # value against a spec or a threshold itself, so `nvmon sample` and `nvmon audit` always agree.
 
 
@@ -129,7 +136,7 @@ def _mark(severity: str) -> tuple[str, str]:
 
 
 def _marked(text: str, findings: list[Finding], healthy: str = "") -> Text:
-    """`text` behind the symbol of its worst finding (✗ critical, ! warning), else as it is."""
+    """`text` behind the symbol of its worst finding (✗ critical, ⚠ warning), else as it is."""
     worst = Severity.worst(f.severity for f in findings)
     if worst is None:
         return Text(text, style=healthy)
@@ -149,7 +156,7 @@ def _expected_number(findings: list[Finding], code: str, prefix: str) -> int | N
 
 def pcie_cell(p: PcieLink, findings: list[Finding] = ()) -> Text:  # type: ignore[assignment]
     """'Gen5 x16' when healthy; with a pcie.width / pcie.gen finding, now/expected behind its
-    severity, e.g. '! Gen3/5 x8/16'. A lower gen without a finding (an idle GPU saving power)
+    severity, e.g. '⚠ Gen3/5 x8/16'. A lower gen without a finding (an idle GPU saving power)
     is shown as now/max, dim."""
     if p.gen is None and p.width is None:
         return Text(DASH)
@@ -247,13 +254,8 @@ def _gpu_table(sample: Sample, found: _Findings) -> Table:
     _col(table, "GPU", right=True)
     if per_row_name:
         _col(table, "Model", squeeze=True)
-    for header in ("Power W", "°C", "Util%"):
-        _col(table, header, right=True)
-    _col(table, "PCIe")
-    _col(table, "PCIe\nGB/s", right=True)
-    _col(table, "NVLink", right=True)
-    _col(table, "NVLink\nGB/s", right=True)
-    _col(table, "Flags", squeeze=True)
+    for header in ("Power W", "°C", "Util%", "PCIe", "PCIe\nGB/s", "NVLink", "NVLink\nGB/s", "Flags"):
+        _col(table, header, right=header not in ("PCIe", "Flags"), squeeze=header == "Flags")
     for gpu in sample.gpus:
         name = [_one_line(literal(_short_model(gpu.name)))] if per_row_name else []
         if gpu.lost:
@@ -305,14 +307,8 @@ _LAYERS = {"infiniband": "IB", "ethernet": "Eth"}
 
 def _ib_table(sample: Sample, found: _Findings) -> Table:
     table = _table()
-    _col(table, "Port", squeeze=True)
-    _col(table, "State")
-    _col(table, "Phys")
-    _col(table, "Gb/s")
-    _col(table, "Layer")
-    _col(table, "GB/s", right=True)
-    _col(table, "Err", squeeze=True)
-    _col(table, "HCA PCIe")
+    for header in ("Port", "State", "Phys", "Gb/s", "Layer", "GB/s", "Err", "HCA PCIe"):
+        _col(table, header, right=header == "GB/s", squeeze=header in ("Port", "Err"))
     for port in sample.ib:
         rate = DASH if port.rate_gbps is None else f"{port.rate_gbps:g}"
         if port.rate_name:
@@ -325,7 +321,7 @@ def _ib_table(sample: Sample, found: _Findings) -> Table:
             err = Text(OK, style="green") if known else Text(DASH)
         down = found.of_port(port.device, port.port, "ib.port_down")
         table.add_row(
-            _one_line(literal(f"{plain(port.device)}/{port.port}")), _ib_state(port, down), _ib_phys(port, down),
+            _one_line(literal(port_name(port.device, port.port))), _ib_state(port, down), _ib_phys(port, down),
             _marked(plain(rate), found.of_port(port.device, port.port, "ib.rate")), _one_line(literal(layer)),
             _txrx(port.tx_bytes_per_s, port.rx_bytes_per_s), _one_line(err),
             pcie_cell(port.pcie, found.of_port(port.device, None, "pcie.width", "pcie.gen")),
@@ -360,26 +356,31 @@ def _problems(report: AuditReport) -> list[_Item]:
     return items
 
 
-def _notes(sample: Sample) -> list[_Item]:
+def _notes(sample: Sample, report: AuditReport) -> list[_Item]:
+    """The collector's notes, less those that repeat a problem above (its first clause, e.g.
+    'NVML unavailable: …'): each thing is said once."""
+    said = {f.message.split(";", 1)[0] for f in report.findings if f.severity != Severity.INFO}
+
     def item(where: str, note: str) -> _Item:
         return Text(f"{where}:", style="dim"), literal(note)
 
-    return ([item("node", n) for n in sample.notes]
-            + [item(f"GPU {g.index}", n) for g in sample.gpus for n in g.notes]
-            + [item(f"{plain(p.device)}/{p.port}", n) for p in sample.ib for n in p.notes])
+    notes = ([("node", n) for n in sample.notes]
+             + [(f"GPU {g.index}", n) for g in sample.gpus for n in g.notes]
+             + [(port_name(p.device, p.port), n) for p in sample.ib for n in p.notes])
+    return [item(where, n) for where, n in notes if n.split(";", 1)[0] not in said]
 
 
-def _capped_list(title: str, items: list[_Item]) -> RenderableType | None:
-    """A titled list of at most MAX_LIST_LINES items, then '… and N more'; bodies wrap under themselves."""
+def _capped_list(title: str, items: list[_Item], cap: int | None = MAX_LIST_LINES) -> RenderableType | None:
+    """A titled list of at most `cap` items (None: all), then '… and N more'; bodies wrap under themselves."""
     if not items:
         return None
     grid = Table.grid(padding=(0, 0, 0, 1))
     grid.add_column(no_wrap=True)  # two-space indent, then the lead
     grid.add_column()
-    for lead, body in items[:MAX_LIST_LINES]:
+    for lead, body in items[:cap]:
         grid.add_row(Text("  ") + lead, body)
-    if len(items) > MAX_LIST_LINES:
-        grid.add_row("", Text(f"… and {len(items) - MAX_LIST_LINES} more", style="dim"))
+    if cap is not None and len(items) > cap:
+        grid.add_row("", Text(f"… and {len(items) - cap} more", style="dim"))
     return Group(_title(title), grid)
 
 
@@ -392,7 +393,7 @@ _BOARD_SHORT = {
 }
 
 
-def _header(sample: Sample) -> Text:
+def _header(sample: Sample, report: AuditReport) -> Text:
     when = datetime.fromtimestamp(sample.ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     text = Text()
     text.append(plain(sample.node), style="bold")
@@ -416,6 +417,8 @@ def _header(sample: Sample) -> Text:
             text.append(f"\nNVLink domain: cluster {plain(domain.cluster_uuid)}, clique {domain.clique_id}")
         elif domain.cluster_uuid is not None:
             text.append(f"\nNVLink domain: this board (cluster UUID zero, clique {domain.clique_id})", style="dim")
+    elif any(f.code == "nvml.unavailable" for f in report.findings):  # its reason: under Problems
+        text.append(f"{BAD} no GPU data (see Problems); InfiniBand, PCIe and host still sampled", style="bold red")
     else:
         text.append(f"{BAD} NVML unavailable: {plain(sample.nvml.error)}", style="bold red")
     host = sample.host
@@ -426,14 +429,15 @@ def _header(sample: Sample) -> Text:
     return text
 
 
-def render_sample(sample: Sample, report: AuditReport | None = None) -> RenderableType:
+def render_sample(sample: Sample, report: AuditReport | None = None, *, full: bool = False) -> RenderableType:
     """One tick of one node: header, GPUs, NVLink matrix, IB ports, NVSwitch links, problems, notes.
 
     Faults are marked as `report` (the audit of this sample; by default with the default spec and
-    thresholds) judged them."""
+    thresholds) judged them. `full` (output piped, not on a terminal): Problems and Notes whole,
+    not cut after MAX_LIST_LINES."""
     report = audit(sample) if report is None else report
     found = _Findings(report)
-    parts: list[RenderableType] = [_header(sample)]
+    parts: list[RenderableType] = [_header(sample, report)]
     if sample.gpus:
         parts += [Text(""), _title("GPUs  (GB/s: tx/rx)"), _gpu_table(sample, found)]
     if sample.topology.matrix:
@@ -442,7 +446,8 @@ def render_sample(sample: Sample, report: AuditReport | None = None) -> Renderab
         parts += [Text(""), _title("InfiniBand / RDMA ports  (GB/s: tx/rx)"), _ib_table(sample, found)]
     if sample.nvswitches:
         parts += [Text(""), _title("NVSwitch PCIe links"), _nvswitch_table(sample)]
-    for block in (_capped_list("Problems", _problems(report)), _capped_list("Notes", _notes(sample))):
+    cap = None if full else MAX_LIST_LINES
+    for block in (_capped_list("Problems", _problems(report), cap), _capped_list("Notes", _notes(sample, report), cap)):
         if block is not None:
             parts += [Text(""), block]
     return Group(*parts)
@@ -457,7 +462,7 @@ _VERDICT_STYLE = {
     "critical": (BAD, "bold red"),
     "unknown": ("?", "bold magenta"),
 }
-_SEVERITY_STYLE = {"critical": (BAD, "bold red"), "warning": (WARN, "yellow"), "info": ("i", "dim")}
+_SEVERITY_STYLE = {"critical": (BAD, "bold red"), "warning": (WARN, "yellow"), "info": (INFO, "dim")}
 
 
 def _where(f: Finding) -> str:

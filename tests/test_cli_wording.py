@@ -116,3 +116,39 @@ def test_profiles_prints_plain_text_and_json(tmp_path):
     help_text = " ".join(nvmon(tmp_path, "profiles", "--help").stdout.split())
     for key in ("profiles", "name", "description", "gpu", "gpus", "nvlink", "ib_ports", "ib_rate_gbps", "sim_syntax"):
         assert key in help_text
+
+
+# ---------------------------------------------------------------- sample and audit output
+
+
+def test_sample_names_ib_ports_as_the_tui_and_says_nvml_unavailable_once(tmp_path):
+    r = nvmon(tmp_path, "sample", "--sim", "hgx-h100,ib_rate=mlx5_1:100", "--interval", "0.1")
+    assert r.returncode == 0, r.stderr
+    assert "mlx5_1:1" in r.stdout and "mlx5_1/1" not in r.stdout
+    r = nvmon(tmp_path, "sample", "--sim", "hgx-h100,nvml=off", "--interval", "0.1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("NVML unavailable") == 1, r.stdout
+    assert "✗ no GPU data (see Problems)" in r.stdout
+
+
+def test_audit_marks_severities_with_the_tuis_symbols(tmp_path):
+    from nvmon.render import SEVERITY_SYMBOL
+    from nvmon.tui.text import BAD, INFO, SYMBOL, WARN
+
+    assert SEVERITY_SYMBOL == {"critical": SYMBOL[BAD], "warning": SYMBOL[WARN], "info": SYMBOL[INFO]}
+    r = nvmon(tmp_path, "audit", "--sim", "hgx-h100,nvlink_down=2.5,ib_rate=mlx5_1:100", "--interval", "0.1",
+              "--expect-ib", "8x400", "--xid-window", "0")
+    assert r.returncode == 2, r.stderr
+    marks = [line.split()[0] for line in r.stdout.splitlines()[1:] if line[:1].strip()]
+    assert marks[0] == "✗" and "⚠" in marks and set(marks) <= {"✗", "⚠", "ℹ"}, r.stdout
+    assert "mlx5_1" in r.stdout and "!" not in "".join(marks)
+
+
+def test_piped_sample_lists_every_problem(tmp_path):
+    """Piped (stdout not a terminal, as here) nothing is cut: 12 links down are 12 Problems lines."""
+    faults = ",".join(f"nvlink_down={g}.{link}" for g in range(4) for link in range(3))
+    r = nvmon(tmp_path, "sample", "--sim", f"hgx-h100,{faults}", "--interval", "0.1")
+    assert r.returncode == 0, r.stderr
+    problems = r.stdout.split("\nProblems\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len([p for p in problems if p.strip().startswith("✗")]) == 12, r.stdout
+    assert "… and" not in r.stdout and "…" not in r.stdout

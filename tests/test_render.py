@@ -37,13 +37,13 @@ def test_healthy_sample_sections():
     assert len(gpu_rows) == 1
     assert "Gen5 x16" in gpu_rows[0] and "18/18" in gpu_rows[0] and "490/700" in gpu_rows[0]
     assert "5.0/5.0" in gpu_rows[0] and "360/360" in gpu_rows[0]  # PCIe, and NVLink summed over 18 links
-    assert "✗" not in out and "!" not in out and "Problems" not in out
+    assert "✗" not in out and "⚠" not in out and "Problems" not in out
     assert "NVLink topology: all-to-all through NVSwitch, NV18 between every GPU pair" in out
     matrix = [line for line in out.splitlines() if line.startswith(("GPU0 ", "GPU7 "))]
     assert len(matrix) == 2 and [line.count("NV18") for line in matrix] == [7, 7]
     assert out.count("NV18") == 8 * 7 + 1  # the matrix, and once in its title
-    [port] = [line for line in out.splitlines() if line.startswith("mlx5_7/1")]
-    assert port.split()[:7] == ["mlx5_7/1", "✓", "ACTIVE", "LinkUp", "400", "NDR", "IB"]
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_7:1")]
+    assert port.split()[:7] == ["mlx5_7:1", "✓", "ACTIVE", "LinkUp", "400", "NDR", "IB"]
     assert "Gen5 x16" in port
     assert "NVSwitch PCIe links" in out and "0000:05:00.0" in out
 
@@ -56,21 +56,21 @@ def test_faults_are_marked_with_symbols_not_only_colour():
     s = with_ib(s, 5, errors_delta={"symbol_error": 7, "port_rcv_errors": 2, "link_downed": 0})
     s = with_gpu(s, 4, throttle_reasons=("sw_power_cap", "sw_thermal"))
     out = text_of(render_sample(s), width=200)
-    # Each cell carries its finding's severity: ✗ critical, ! warning.
-    assert "! Gen3/5 x8/16" in rows(out, "2")[0]
+    # Each cell carries its finding's severity: ✗ critical, ⚠ warning.
+    assert "⚠ Gen3/5 x8/16" in rows(out, "2")[0]
     assert "err↑ L3" in rows(out, "1")[0]
     assert "✗ 17/18" in rows(out, "6")[0]
     assert rows(out, "4")[0].rstrip().endswith("pwrcap thermal")
-    [port] = [line for line in out.splitlines() if line.startswith("mlx5_3/1")]
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_3:1")]
     assert "✗ DOWN" in port and "✗ Polling" in port
-    [port] = [line for line in out.splitlines() if line.startswith("mlx5_5/1")]
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_5:1")]
     assert "err↑" in port
     # The detail the cells only mark: the audit's findings, critical first, each its message.
     problems = [line.strip() for line in out[out.index("Problems"):].splitlines()[1:] if line.strip()]
     report = audit(s)
     assert problems[:2] == ["✗ " + f.message for f in report.findings if f.severity == "critical"]
-    assert "! GPU 1 NVLink 3 errors rising: crc_flit +4" in problems
-    assert "! mlx5_5 port 1 errors rising: symbol_error +7, port_rcv_errors +2" in problems
+    assert "⚠ GPU 1 NVLink 3 errors rising: crc_flit +4" in problems
+    assert "⚠ mlx5_5 port 1 errors rising: symbol_error +7, port_rcv_errors +2" in problems
 
 
 def test_idle_gen_downshift_is_not_a_fault():
@@ -88,10 +88,10 @@ def _gpu0_pcie_cell(sample) -> str:
 def test_pcie_cell_shows_now_and_expected_as_the_audit_judged():
     busy, idle = healthy_sample(), healthy_sample(busy=False)
     assert _gpu0_pcie_cell(busy) == "Gen5 x16"
-    assert _gpu0_pcie_cell(with_pcie(busy, 0, gen=4, max_gen=4)) == "! Gen4/5 x16"  # slot below spec
-    assert _gpu0_pcie_cell(with_pcie(idle, 0, width=8)) == "! Gen1/5 x8/16"  # narrow: a fault even idle
+    assert _gpu0_pcie_cell(with_pcie(busy, 0, gen=4, max_gen=4)) == "⚠ Gen4/5 x16"  # slot below spec
+    assert _gpu0_pcie_cell(with_pcie(idle, 0, width=8)) == "⚠ Gen1/5 x8/16"  # narrow: a fault even idle
     assert _gpu0_pcie_cell(idle) == "Gen1/5 x16"  # idle power saving: no finding
-    assert _gpu0_pcie_cell(with_pcie(busy, 0, gen=1)) == "! Gen1/5 x16"  # slow under load
+    assert _gpu0_pcie_cell(with_pcie(busy, 0, gen=1)) == "⚠ Gen1/5 x16"  # slow under load
     assert pcie_cell(replace(busy.gpus[0].pcie, gen=None, width=None)).plain == "-"
 
 
@@ -99,7 +99,7 @@ def test_flags_never_say_healthy_for_a_gpu_the_audit_faults():
     """GPU 3 at PCIe x8: its PCIe cell and its Flags cell agree (issue 11: '✗ Gen5 x8/16' beside '✓')."""
     s = with_pcie(healthy_sample(), 3, width=8)
     row = rows(text_of(render_sample(s)), "3")[0]
-    assert "! Gen5 x8/16" in row and "✓" not in row
+    assert "⚠ Gen5 x8/16" in row and "✓" not in row
     assert "✓" in rows(text_of(render_sample(s)), "2")[0]  # a healthy neighbour still says so
 
 
@@ -117,8 +117,8 @@ def test_hca_at_x8_is_a_finding_and_its_cell_says_so():
     [f] = [f for f in audit(s).findings if f.code == "pcie.width"]
     assert (f.device, f.port, f.gpu, f.observed, f.expected) == ("mlx5_2", None, None, "x8", "x16")
     out = text_of(render_sample(s))
-    [port] = [line for line in out.splitlines() if line.startswith("mlx5_2/1")]
-    assert port.rstrip().endswith("! Gen5 x8/16")
+    [port] = [line for line in out.splitlines() if line.startswith("mlx5_2:1")]
+    assert port.rstrip().endswith("⚠ Gen5 x8/16")
     assert "mlx5_2 HCA" in text_of(render_audit(audit(s)))
 
 
@@ -134,13 +134,13 @@ def test_sample_marks_follow_the_thresholds_it_is_given():
 def test_host_limited_slot_is_explained_under_the_tables():
     s = with_pcie(healthy_sample(), 0, gen=4, max_gen=4)
     out = text_of(render_sample(s))
-    assert "! Gen4/5 x16" in rows(out, "0")[0]
-    assert "! GPU 0 PCIe limited to Gen4, H100-SXM expects Gen5: host, slot or BIOS setting limits the link" in out
+    assert "⚠ Gen4/5 x16" in rows(out, "0")[0]
+    assert "⚠ GPU 0 PCIe limited to Gen4, H100-SXM expects Gen5: host, slot or BIOS setting limits the link" in out
 
 
 def test_bridged_pairs_board_shows_12_of_18_without_fault():
     s = healthy_sample(name=H100_PCIE, slots=18, active_links=12, board="pairs")
-    assert "! 8 GPUs, GPUs bridged in pairs" in text_of(render_sample(s))  # unless it is what you expect:
+    assert "⚠ 8 GPUs, GPUs bridged in pairs" in text_of(render_sample(s))  # unless it is what you expect:
     out = text_of(render_sample(s, audit(s, NodeSpec(topology="pairs"))))
     assert "12/18" in rows(out, "0")[0] and "✗ 12/18" not in out
     assert "board: NVLink pairs" in out
@@ -163,8 +163,9 @@ def test_lost_gpu_row():
 
 def test_nvml_unavailable_header():
     out = text_of(render_sample(healthy_sample(nvml_available=False)))
-    assert "✗ NVML unavailable: NVML Shared Library Not Found" in out
-    assert "mlx5_0/1" in out  # IB still shown
+    assert "✗ no GPU data (see Problems); InfiniBand, PCIe and host still sampled" in out
+    assert out.count("NVML unavailable") == 1 and "⚠ NVML unavailable: NVML Shared Library Not Found" in out
+    assert "mlx5_0:1" in out  # IB still shown
 
 
 def test_hostile_gpu_name_and_notes_are_literal():
@@ -206,7 +207,7 @@ def test_render_audit_ok_and_sorted_by_severity():
     out = text_of(render_audit(audit(s, NodeSpec(gpus=8))))
     assert out.startswith("✗ CRITICAL — 1 critical, 1 warning, 1 info — gpu-node-01")
     symbols = [line[0] for line in out.splitlines()[1:] if line[:1].strip()]
-    assert symbols == ["✗", "!", "i"]
+    assert symbols == ["✗", "⚠", "ℹ"]
     [crit] = [line for line in out.splitlines()[1:] if line.startswith("✗ ")]
     assert crit.split()[1:5] == ["nvlink.link_down", "GPU", "4", "link"]
     assert "GPU 3" in out and "pcie.width" in out
@@ -223,7 +224,7 @@ def test_render_audit_one_finding_per_line_at_80_columns():
     starts = [line for line in lines[1:] if line[:1].strip()]
     assert len(starts) == len(report.findings)  # only messages wrap, onto indented lines
     [ib] = [line for line in starts if "ib.rate" in line]
-    assert ib.split()[:5] == ["!", "ib.rate", "mlx5_1", "port", "1"]
+    assert ib.split()[:5] == ["⚠", "ib.rate", "mlx5_1", "port", "1"]
     message = " ".join(line.strip() for line in lines if line.strip()).replace("  ", " ")
     assert "reseat the GPU/baseboard, check NVSwitch and fabric manager" in " ".join(message.split())
 
@@ -266,17 +267,17 @@ def test_8_gpus_18_links_fit_80_columns_one_line_per_gpu():
     assert "interval 0.54 s" in out and "8 × NVIDIA H100 80GB HBM3" in out
     row = {i: rows(out, str(i))[0] for i in range(8)}
     assert "err↑ L3,L11" in row[1] and "✗ 17/18" in row[2]
-    assert "! Gen5 x8/16" in row[3] and "err↑ PCIe" in row[3]
+    assert "⚠ Gen5 x8/16" in row[3] and "err↑ PCIe" in row[3]
     assert "350/350" in row[4] and "pwrcap brake" in row[4]
     assert row[5].rstrip().endswith("✗ LOST") and "thermal hwslow" in row[6]
     assert "H100" not in "".join(row.values())  # the model is in the header only
     # One line per IB port, too.
-    [port] = [line for line in lines if line.startswith("mlx5_1/1")]
+    [port] = [line for line in lines if line.startswith("mlx5_1:1")]
     assert "100 EDR" in port and "err↑" in port and "Gen5 x16" in port
     flat = " ".join(out.split())  # messages wrap under themselves at 80 columns
     assert "✗ GPU 2 NVLink 5 down" in flat and "✗ GPU 5 lost" in flat  # critical first
-    assert "! GPU 1 NVLink 3 errors rising: crc_flit +3, crc_data +1, replay +2" in flat
-    assert "! GPU 3 PCIe replays rising (+4)" in flat
+    assert "⚠ GPU 1 NVLink 3 errors rising: crc_flit +3, crc_data +1, replay +2" in flat
+    assert "⚠ GPU 3 PCIe replays rising (+4)" in flat
 
 
 def test_topology_matrix_fits_80_columns_and_names_its_class():
@@ -305,7 +306,7 @@ def test_problems_and_notes_are_capped():
     s = with_gpu(s, 1, notes=tuple(f"note {k}" for k in range(12)))
     out = text_of(render_sample(s), width=80)
     problems = out[out.index("Problems"):out.index("Notes")]
-    assert problems.count("! GPU 0 NVLink") == 10 and "… and 5 more" in problems
+    assert problems.count("⚠ GPU 0 NVLink") == 10 and "… and 5 more" in problems
     notes = out[out.index("Notes"):]
     assert notes.count("GPU 1: note") == 10 and "… and 2 more" in notes
 

@@ -78,6 +78,21 @@ def check_broker(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def on_terminal() -> bool:
+    """Is stdout a terminal? Piped output is never cut to the screen: no "…", no "and N more"."""
+    import sys
+
+    return sys.stdout.isatty()
+
+
+def stdout_console():
+    """A Rich console for a command's output: a terminal's own width; piped, 200 columns, so that
+    nothing is cut short for grep and friends (tables keep their natural width)."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if on_terminal() else 200)
+
+
 def setup_logging(level: str) -> None:
     """The long-running commands' log lines: under systemd (JOURNAL_STREAM set) the journal adds the
     time, so lines carry none."""

@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from nvmon.cli.common import (DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, NvmonUsageError, check_broker,
-                              check_broker_files, check_db_writable, check_interval, mqtt_settings, resolve_db,
-                              setup_logging)
+                              check_broker_files, check_db_writable, check_interval, mqtt_settings, on_terminal,
+                              resolve_db, setup_logging, stdout_console)
 
 
 class AuditError(NvmonError):
@@ -102,11 +102,9 @@ def sample(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | N
 
         click.echo(json.dumps(sample_to_dict(s), indent=2))
     else:
-        from rich.console import Console
-
         from nvmon.render import render_sample
 
-        Console().print(render_sample(s))
+        stdout_console().print(render_sample(s, full=not on_terminal()))
 
 
 @click.command()
@@ -161,11 +159,9 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
                             "skipped": logs[0][1].skipped, "note": logs[0][1].note} if logs else None)
         click.echo(json.dumps(d, indent=2))
     else:
-        from rich.console import Console
-
         from nvmon.render import render_audit
 
-        Console().print(render_audit(report))
+        stdout_console().print(render_audit(report))
     sys.exit(EXIT_CODES[report.verdict])
 
 
