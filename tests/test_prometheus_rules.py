@@ -16,7 +16,8 @@ from test_prometheus import Daemon
 
 from nvmon.codes import CODES, runbook
 
-SIM = "hgx-h100,nvlink_down=2.5,pcie_width=3:8,ib_rate=mlx5_1:100,power_cap=4,fabric=in_progress,nvlink_errors=1.3"
+SIM = ("hgx-h100,nvlink_down=2.5,pcie_width=3:8,ib_rate=mlx5_1:100,power_cap=4,fabric=in_progress,nvlink_errors=1.3,"
+       "power_brake=6")
 OBSERVED = {"pcie.width": "link narrower than its maximum"}  # the one runbook with a placeholder
 
 
@@ -46,7 +47,7 @@ def test_every_alert_names_an_nvmon_code_with_its_severity_and_runbook(stack):
     groups = {g["name"]: g["rules"] for g in prom.rules()}
     assert [r["type"] for r in groups["nvmon-recording"]] == ["recording"] * 6
     alerts = groups["nvmon-alerts"]
-    assert len(alerts) == 10
+    assert len(alerts) == 11
     for rule in alerts:
         code = rule["labels"]["code"]
         assert rule["labels"]["severity"] == CODES[code].severity, rule["name"]
@@ -62,6 +63,7 @@ def test_a_real_prometheus_evaluates_the_rules_on_a_faulty_board(stack):
         "NvmonIBBelowRate": {"device": "mlx5_1", "port": "1"},
         "NvmonFabricNotReady": {"hostname": "prom-1"},
         "NvmonGPUPowerLimitLow": {"gpu": "4"},
+        "NvmonGPUPowerBrake": {"gpu": "6", "code": "power.brake", "severity": "critical"},
         "NvmonNodeAgentDown": {"instance": dead},
     }
 
