@@ -134,11 +134,15 @@ def test_alerts_json_lists_the_contract_objects(tmp_path, store):
     assert first["acked_at"] is None and first["silenced"] is False
 
 
-def test_alerts_table_fits_80_columns_and_shows_hostile_text_literally(tmp_path, store):
+def test_alerts_table_fits_80_columns_and_shows_hostile_text_literally(tmp_path, store, monkeypatch):
     store.save_alerts([rec(summary="GPU 3 \x1b[31mred\x1b[0m [bold]x[/bold] " + "y" * 200, device="mlx5_\x07")],
                       T0 + 60)
     store.close()
-    r = CliRunner().invoke(alerts_command, ["--db", str(store.path)], terminal_width=80)
+    r = CliRunner().invoke(alerts_command, ["--db", str(store.path)], terminal_width=80)  # piped: not cut
+    assert r.exit_code == 0 and "y" * 200 in r.stdout and "…" not in r.stdout, r.output
+    for module in ("nvmon.cli.common", "nvmon.cli.alerts"):  # as on an 80-column terminal
+        monkeypatch.setattr(f"{module}.on_terminal", lambda: True)
+    r = CliRunner().invoke(alerts_command, ["--db", str(store.path)], terminal_width=80, env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "[bold]x[/bold]" in r.stdout
     assert all(len(line) <= 80 for line in r.stdout.splitlines())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,112 @@ def test_piped_sample_lists_every_problem(tmp_path):
     problems = r.stdout.split("\nProblems\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert len([p for p in problems if p.strip().startswith("✗")]) == 12, r.stdout
     assert "… and" not in r.stdout and "…" not in r.stdout
+
+
+# ---------------------------------------------------------------- nvmon alerts on a fleet's database
+
+
+def fleet_db(path: Path, now: float) -> dict[str, str]:
+    """A fleet.db as `nvmon fleet` writes it (nvmon.store.alerts.save): node.offline on two nodes
+    (one saved 5 minutes ago, 'offline for 0 s' then), a stale node, a rack over its budget, a
+    resolved offline; returns the fingerprints by name."""
+    from nvmon.alerts.model import AlertRecord, fingerprint
+    from nvmon.store import Store
+    from nvmon.store import alerts as db
+
+    def rec(code, sev, node, summary, starts, **kw):
+        fp = fingerprint(code, "prod", node, rack=kw.get("rack"))
+        return AlertRecord(fingerprint=fp, status=kw.pop("status", "firing"), code=code, severity=sev,
+                           cluster="prod", node=node, summary=summary, runbook="r", starts_at=starts,
+                           fired_at=starts, **kw)
+
+    old = rec("node.offline", "critical", "gpu-07", "gpu-07: daemon offline for 0 s: connection lost "
+              "(the broker published its will)", now - 300)
+    new = rec("node.offline", "critical", "gpu-03", "gpu-03: daemon offline for up to 2 min: stopped cleanly "
+              "and not back", now - 60)
+    stale = rec("node.stale", "warning", "gpu-11", "gpu-11: no sample for 9 s (stale after 3 intervals, 3 s)",
+                now - 30)
+    rack = rec("rack.power", "warning", None, "rack r2: 41.0 kW over its 40 kW budget (4 nodes reporting: "
+               "38.0 kW GPU)", now - 600, rack="r2")
+    gone = rec("node.offline", "critical", "gpu-01", "gpu-01: daemon offline for 12 s: stopped cleanly and not "
+               "back", now - 900, status="resolved", ends_at=now - 800)
+    store = Store(path)
+    store.open()
+    try:
+        store.transact(lambda conn: db.save(conn, [old, rack, gone], now - 300))  # saved then, not since
+        store.transact(lambda conn: db.save(conn, [new, stale], now - 10))
+    finally:
+        store.close()
+    return {"old": old.fingerprint, "new": new.fingerprint, "stale": stale.fingerprint, "rack": rack.fingerprint,
+            "gone": gone.fingerprint}
+
+
+def test_alerts_on_a_fleet_db_name_nodes_order_by_severity_and_show_current_ages(tmp_path):
+    import time
+
+    now = time.time()
+    path = tmp_path / "fleet.db"
+    fleet_db(path, now)
+    r = nvmon(tmp_path, "alerts", "--db", str(path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    facts = lines[1::2]
+    assert [f.split()[4] for f in facts] == ["gpu-03", "gpu-07", "gpu-11", "rack", "gpu-01"], r.stdout
+    # critical ones newest first, then the warnings newest first, then the resolved one
+    assert [f.split()[0] for f in facts] == ["✗", "✗", "⚠", "⚠", "✓"]
+    summaries = lines[2::2]
+    # saved 5 minutes ago as 'for 0 s': about 5 min now; saved 10 s ago as 'up to 2 min': 2 min
+    assert "gpu-07: daemon offline for 5 min: connection lost" in summaries[1], summaries
+    assert "gpu-03: daemon offline for up to 2 min: stopped" in summaries[0]
+    stale = re.search(r"gpu-11: no sample for (\d+) s \(stale", summaries[2])
+    assert stale and 19 <= int(stale.group(1)) <= 40, summaries
+    assert "gpu-01: daemon offline for 12 s" in summaries[4]  # resolved: as it was
+    assert "rack r2" in facts[3]
+    assert "…" not in r.stdout  # piped: nothing cut
+
+
+def test_alerts_filters(tmp_path):
+    import time
+
+    now = time.time()
+    path = tmp_path / "fleet.db"
+    fps = fleet_db(path, now)
+
+    def listed(*args):
+        r = nvmon(tmp_path, "alerts", "--db", str(path), "--json", *args)
+        assert r.returncode == 0, r.stderr
+        return [a["fingerprint"] for a in json.loads(r.stdout)]
+
+    assert listed() == [fps[k] for k in ("new", "old", "stale", "rack", "gone")]  # the listing's order
+    assert listed("--node", "gpu-07") == [fps["old"]]
+    assert listed("--node", "gpu-0*") == [fps["new"], fps["old"], fps["gone"]]
+    assert listed("--node", "r2") == [fps["rack"]]
+    assert listed("--code", "node.*", "--severity", "warning") == [fps["new"], fps["old"], fps["stale"], fps["gone"]]
+    assert listed("--severity", "critical") == [fps["new"], fps["old"], fps["gone"]]
+    assert listed("--code", "nvlink.*") == []
+    before = files(tmp_path)
+    r = nvmon(tmp_path, "alerts", "--db", str(path), "--severity", "fatal")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("nvmon alerts: Invalid value for '--severity': 'fatal' is not one of")
+    assert r.stdout == "" and files(tmp_path) == before
+
+
+def test_silences_json(tmp_path):
+    import time
+
+    path = tmp_path / "fleet.db"
+    fleet_db(path, time.time())
+    r = nvmon(tmp_path, "alerts", "silence", "--db", str(path), "--match", "node=gpu-07", "--match", "code=node.*",
+              "--for", "2h", "--comment", "rebooting", "--by", "alice")
+    assert r.returncode == 0, r.stderr
+    r = nvmon(tmp_path, "alerts", "silences", "--db", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    [s] = json.loads(r.stdout)
+    assert set(s) == {"id", "shared", "matchers", "starts_at", "ends_at", "created_by", "comment"}
+    assert (s["id"], s["shared"], s["matchers"], s["created_by"], s["comment"]) == \
+        (1, False, {"node": "gpu-07", "code": "node.*"}, "alice", "rebooting")
+    assert s["ends_at"].endswith("Z") and s["starts_at"] < s["ends_at"]
+    help_text = nvmon(tmp_path, "alerts", "silences", "--help").stdout
+    assert all(k in help_text for k in set(s))
+    r = nvmon(tmp_path, "alerts", "--db", str(path))  # and the list says it is silenced
+    assert "[silenced] gpu-07: daemon offline" in r.stdout

@@ -26,9 +26,11 @@ from pathlib import Path
 
 import click
 
-from nvmon.alerts.model import MATCH_FIELDS, AlertRecord, Silence, iso
+from nvmon.alerts.model import MATCH_FIELDS, Silence, iso
+from nvmon.cli.alerts_view import SEVERITY_CHOICES, ordered, render_alerts, select, where
 from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError, NvmonUsageError,
-                              check_broker, check_broker_files, load_fleet_config, mqtt_settings, resolve_db)
+                              check_broker, check_broker_files, load_fleet_config, mqtt_settings, on_terminal,
+                              resolve_db, stdout_console)
 from nvmon.store.errors import StoreError, describe
 
 RECENT_S = 86400.0  # resolved alerts shown without --all
@@ -199,70 +201,45 @@ class _Share:
 @_db_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of alert objects (docs/alerts.md).")
 @click.option("--all", "show_all", is_flag=True, help="Every kept episode (7 days), not only the last 24 h.")
+@click.option("--node", "node_glob", metavar="GLOB", help="Only alerts of these nodes, e.g. gpu-07 or 'gpu-0*' "
+              "(a rack alert: its rack's name).")
+@click.option("--code", "code_glob", metavar="GLOB", help="Only these codes, e.g. 'nvlink.*' or node.offline.")
+@click.option("--severity", type=click.Choice(SEVERITY_CHOICES), help="Only this severity or worse.")
 @click.pass_context
-def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_all: bool) -> None:
-    """This node's active and recently resolved alerts (docs/alerts.md)."""
+def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_all: bool, node_glob: str | None,
+                   code_glob: str | None, severity: str | None) -> None:
+    """This node's alerts, or the fleet's with --db fleet.db: active, and resolved in the last 24 h.
+
+    \b
+    Order: active first, by severity (critical, warning, info), firing before pending, newest
+    start first; then resolved ones, the latest to end first. STATE marks an active alert by its
+    severity (✗ critical, ⚠ warning, ℹ info, as the TUI); WHERE names the node (and GPU, link,
+    port) or the rack; SINCE is how long ago it fired (resolved: ended). An age in a node.offline
+    or node.stale summary is brought up to now. On a terminal long lines are cut to 80 columns;
+    piped, nothing is cut. docs/alerts.md.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from nvmon.store import alerts as db
 
     now = time.time()
     db_path = str(resolve_db(db_path or DEFAULT_DB, DEFAULT_DB, create=False))
-    records, silences = _read(db_path, lambda conn: (db.load(conn, since=None if show_all else now - RECENT_S),
-                                                     db.silences(conn, now)))
+
+    def read(conn):
+        saved = ({(fp, s / 1000): u / 1000 for fp, s, u in conn.execute(
+            "SELECT fingerprint, starts_ms, updated_ms FROM alerts WHERE status != 'resolved'")}
+            if db.has_alert_tables(conn) else {})
+        return db.load(conn, since=None if show_all else now - RECENT_S), db.silences(conn, now), saved
+
+    records, silences, saved = _read(db_path, read)
+    records = ordered(select(records, node=node_glob, code=code_glob, severity=severity))
     silenced = {r.fingerprint for r in records if any(s.matches(r, now) for s in silences)}
     if as_json:
         out = [{**r.to_dict(), "acked_at": iso(r.acked_at), "silenced": r.fingerprint in silenced} for r in records]
         click.echo(json.dumps(out, indent=2))
         return
-    from rich.console import Console
-
-    Console(highlight=False).print(render_alerts(records, silenced, now), soft_wrap=False)
-
-
-def _age(seconds: float) -> str:
-    s = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{s}s"
-
-
-def _where(r: AlertRecord) -> str:
-    if r.gpu is not None:
-        return f"GPU {r.gpu}" + (f" link {r.link}" if r.link is not None else "")
-    if r.device is not None:
-        return f"{r.device}" + (f":{r.port}" if r.port is not None else "")
-    return "node"
-
-
-_STATE = {"firing": ("✗ firing", "bold red"), "pending": ("… pending", "yellow"), "resolved": ("✓ resolved", "green")}
-_SEV = {"critical": "crit", "warning": "warn", "info": "info"}
-
-
-def render_alerts(records: list[AlertRecord], silenced: set[str], now: float):
-    """Two lines per alert at 80 columns: the facts, then its summary (cut with "…")."""
-    from rich.console import Group
-    from rich.text import Text
-
-    from nvmon.render import plain
-
-    if not records:
-        return Text("No alerts.")
-    order = {"firing": 0, "pending": 1, "resolved": 2}
-    records = sorted(records, key=lambda r: (order.get(r.status, 3), -(r.ends_at or r.starts_at)))
-    lines = [Text(f"{'STATE':<10} {'SEV':<4} {'CODE':<16} {'WHERE':<13} {'SINCE':>6} {'COUNT':>5} FINGERPRINT",
-                  style="bold")]
-    for r in records:
-        label, style = _STATE.get(r.status, (r.status, ""))
-        since = r.ends_at if r.status == "resolved" and r.ends_at else (r.fired_at or r.starts_at)
-        line = Text(f"{plain(label)[:10]:<10}", style=style)
-        line.append(f" {_SEV.get(r.severity, '?'):<4} {plain(r.code)[:16]:<16} {plain(_where(r))[:13]:<13} "
-                    f"{_age(now - since):>6} {min(r.count, 99999):>5} {plain(r.fingerprint)[:16]}")
-        flags = [f for f, on in (("acked", r.acked_at is not None), ("silenced", r.fingerprint in silenced)) if on]
-        text = ("[" + ", ".join(flags) + "] " if flags else "") + plain(r.summary)
-        lines += [line, Text("    " + (text if len(text) <= 76 else text[:75] + "…"), style="dim" if flags else "")]
-    return Group(*lines)
+    stdout_console().print(render_alerts(records, silenced, now, saved=saved, full=not on_terminal()),
+                           soft_wrap=False)
 
 
 def _check_by(by: str | None) -> str:
@@ -301,7 +278,7 @@ def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: s
         raise NvmonError(f"{len(found)} active alerts start with {fingerprint}; give more digits")
     if found:
         r = found[0]
-        click.echo(f"acked {r.fingerprint}: {r.code} on {r.node or r.rack or '?'} {_where(r)}")
+        click.echo(f"acked {r.fingerprint}: {r.code} on {where(r)}")
         target = (share.cluster or r.cluster, r.fingerprint, r.starts_at)
     elif share.settings is None:
         raise NvmonError(f"no active alert with fingerprint {fingerprint}")
@@ -377,11 +354,21 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
 @alerts_command.command("silences")
 @_db_option
 @_share_options(listing=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (keys above).")
 @click.pass_context
 def silences_command(ctx: click.Context, db_path: str | None, broker: str | None, config_path: Path | None,
-                     cluster: str | None) -> None:
+                     cluster: str | None, as_json: bool) -> None:
     """List the silences in force: this database's, and with --broker the shared ones of --cluster
-    (default: of every cluster on the broker)."""
+    (default: of every cluster on the broker).
+
+    \b
+    --json: a list of objects, oldest first, local ones before shared ones:
+      id          the local silence's number, or "CLUSTER/ID" for a shared one (for unsilence)
+      shared      true for a silence from the broker's shared set
+      matchers    {KEY: GLOB}, as given to --match
+      starts_at, ends_at   ISO 8601 UTC
+      created_by, comment  who set it and why (null when not given)
+    """
     from nvmon.render import plain
     from nvmon.store import alerts as db
 
@@ -397,6 +384,11 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: str | None
                 else share.run(read_every_shared(share.settings)))
         for cs in sets:
             found += engine_controls(cs, now)[1]
+    if as_json:
+        click.echo(json.dumps([{"id": s.id, "shared": isinstance(s.id, str), "matchers": dict(s.matchers),
+                                "starts_at": iso(s.starts_at), "ends_at": iso(s.ends_at),
+                                "created_by": s.created_by, "comment": s.comment} for s in found], indent=2))
+        return
     if not found:
         click.echo("No silences.")
     for s in found:
