@@ -262,3 +262,30 @@ def test_silences_json(tmp_path):
     assert all(k in help_text for k in set(s))
     r = nvmon(tmp_path, "alerts", "--db", str(path))  # and the list says it is silenced
     assert "[silenced] gpu-07: daemon offline" in r.stdout
+
+
+# ---------------------------------------------------------------- history and durations
+
+
+def test_history_link_needs_a_link_metric(tmp_path):
+    before = files(tmp_path)
+    r = nvmon(tmp_path, "history", "--db", str(tmp_path / "nvmon.db"), "--link", "3")
+    one_line_error(r, "nvmon history: --link selects NVLinks of the link_* metrics; add one, e.g. "
+                      "-m link_tx_bytes_per_s (nvmon history --help lists them)", 2)
+    r = nvmon(tmp_path, "history", "--db", str(tmp_path / "nvmon.db"), "--link", "3", "-m", "power_w,link_active")
+    assert r.returncode == 1 and "--link" not in r.stderr  # accepted; the database is what is missing here
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("history", "--since", "5M"), "nvmon history: Invalid value for '--since': '5M': units are lower case: "
+                                   "s, m (minutes), h, d, w"),
+    (("history", "--since", "1h", "--until", "2H"), "nvmon history: Invalid value for '--until': '2H': units are "
+                                                    "lower case: s, m (minutes), h, d, w"),
+    (("alerts", "silence", "--match", "node=gpu-07", "--for", "2H"),
+     "nvmon alerts silence: '2H': units are lower case: s, m (minutes), h, d, w"),
+])
+def test_duration_units_are_lower_case(tmp_path, args, expected):
+    before = files(tmp_path)
+    one_line_error(nvmon(tmp_path, *args, "--db", str(tmp_path / "nvmon.db")), expected, 2)
+    assert files(tmp_path) == before

@@ -28,9 +28,9 @@ import click
 
 from nvmon.alerts.model import MATCH_FIELDS, Silence, iso
 from nvmon.cli.alerts_view import SEVERITY_CHOICES, ordered, render_alerts, select, where
-from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_S, NvmonError, NvmonUsageError,
-                              check_broker, check_broker_files, load_fleet_config, mqtt_settings, on_terminal,
-                              resolve_db, stdout_console)
+from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_CASE_HINT, UNIT_S, NvmonError,
+                              NvmonUsageError, check_broker, check_broker_files, load_fleet_config, mqtt_settings,
+                              on_terminal, resolve_db, stdout_console, unit_case_wrong)
 from nvmon.store.errors import StoreError, describe
 
 RECENT_S = 86400.0  # resolved alerts shown without --all
@@ -39,9 +39,11 @@ RECENT_S = 86400.0  # resolved alerts shown without --all
 def parse_duration(text: str) -> float:
     """'90s', '30m', '2h', '1d', '1w' → seconds; ValueError otherwise."""
     m = DURATION.match(text)
+    if unit_case_wrong(text):
+        raise ValueError(f"{text.strip()!r}: {UNIT_CASE_HINT}")
     if not m or float(m.group(1)) <= 0:
         raise ValueError("use a duration such as 30m, 2h or 1d")
-    return float(m.group(1)) * UNIT_S[m.group(2).lower()]
+    return float(m.group(1)) * UNIT_S[m.group(2)]
 
 
 def parse_matchers(items: tuple[str, ...], labels: set[str] | None = None) -> dict[str, str]:

@@ -26,8 +26,15 @@ DEFAULT_FLEET_DB = "/var/lib/nvmon/fleet.db"  # nvmon fleet's alert state
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # node, label and user names
 NAME_HINT = "use 1-64 characters from A-Z a-z 0-9 . _ -"
 # A duration: `90s`, `10m`, `2h`, `3d`, `1w` (`nvmon history --since`, `nvmon alerts silence --for`).
-DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
+# Units in lower case only, as documented: `5M` would read as months to some, minutes to others.
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$")
 UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+UNIT_CASE_HINT = "units are lower case: s, m (minutes), h, d, w"
+
+
+def unit_case_wrong(text: str) -> bool:
+    """A duration but for the case of its unit ('5M', '2H')."""
+    return DURATION.match(text) is None and DURATION.match(text.lower()) is not None
 
 
 class NvmonError(click.ClickException):

@@ -18,7 +18,8 @@ from typing import Any
 import click
 
 from nvmon.catalog import display_unit
-from nvmon.cli.common import DEFAULT_DB, DURATION, UNIT_S, NvmonError, resolve_db
+from nvmon.cli.common import (DEFAULT_DB, DURATION, UNIT_CASE_HINT, UNIT_S, NvmonError, NvmonUsageError,
+                              resolve_db, unit_case_wrong)
 from nvmon.store.errors import StoreError, describe
 from nvmon.store.metrics import DEFAULT_METRICS, KINDS, METRICS
 from nvmon.store.query import History, history, open_readonly
@@ -31,7 +32,9 @@ def parse_time(text: str, now: float) -> float:
     unix seconds. Raises ValueError with a short reason."""
     m = DURATION.match(text)
     if m:
-        return now - float(m.group(1)) * UNIT_S[m.group(2).lower()]
+        return now - float(m.group(1)) * UNIT_S[m.group(2)]
+    if unit_case_wrong(text):
+        raise ValueError(UNIT_CASE_HINT)
     try:
         value = float(text)
     except ValueError:
@@ -121,6 +124,9 @@ def history_command(db_path: str, since: float, until: float | None, gpus: tuple
     until = until if until is not None else click.get_current_context().meta.get("nvmon_now", time.time())
     if since >= until:
         raise click.BadParameter("must be before --until", param_hint="--since")
+    if links and not any(m.startswith("link_") for m in metrics):
+        raise NvmonUsageError("--link selects NVLinks of the link_* metrics; add one, e.g. "
+                              "-m link_tx_bytes_per_s (nvmon history --help lists them)")
     db_path = str(resolve_db(db_path, DEFAULT_DB, create=False))  # where the daemon writes outside systemd
     try:
         conn = open_readonly(db_path)
