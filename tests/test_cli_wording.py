@@ -289,3 +289,26 @@ def test_duration_units_are_lower_case(tmp_path, args, expected):
     before = files(tmp_path)
     one_line_error(nvmon(tmp_path, *args, "--db", str(tmp_path / "nvmon.db")), expected, 2)
     assert files(tmp_path) == before
+
+
+# ---------------------------------------------------------------- --json on the listing commands
+
+
+def test_hooks_test_json(tmp_path):
+    cfg = tmp_path / "nvmon.toml"
+    cfg.write_text(f'[node]\nname = "gpu-07"\ncluster = "c1"\n'
+                   f'[[hooks]]\nname = "page"\ntype = "exec"\n'
+                   f'command = [{json.dumps(sys.executable)}, "-c", "import sys; sys.stdin.read()"]\n'
+                   f'[[hooks]]\nname = "gone"\ntype = "exec"\ncommand = ["/nonexistent/page"]\n')
+    r = nvmon(tmp_path, "hooks", "test", "--config", str(cfg), "--json")
+    assert r.returncode == 1 and r.stderr == "nvmon: 1 of 2 hook(s) failed\n", r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"fingerprint", "failed", "hooks"} and out["failed"] == 1
+    assert [set(h) for h in out["hooks"]] == [{"name", "type", "target", "ok", "detail"}] * 2
+    page, gone = out["hooks"]
+    assert (page["name"], page["type"], page["ok"]) == ("page", "exec", True)
+    assert page["detail"].startswith("firing: ") and "resolved: " in page["detail"]
+    assert (gone["ok"], gone["detail"]) == (False, "firing: /nonexistent/page: no such program")
+    help_text = nvmon(tmp_path, "hooks", "test", "--help").stdout
+    assert all(f'"{k}"' in help_text for k in ("fingerprint", "hooks", "name", "type", "target", "ok", "detail",
+                                                 "failed"))

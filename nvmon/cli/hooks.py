@@ -7,6 +7,7 @@ Registered by the main CLI (`cli.add_command(hooks_group)`).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import sys
@@ -84,13 +85,16 @@ def hooks_group() -> None:
 @click.option("--hook", "only", multiple=True, metavar="NAME", help="Test only this hook (repeatable).")
 @click.option("--severity", type=click.Choice(["info", "warning", "critical"]), default="info", show_default=True,
               help="Severity of the test alert (min_severity is not applied to it).")
-def hooks_test_command(config_path: Path | None, only: tuple[str, ...], severity: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (keys above) instead of one line per hook.")
+def hooks_test_command(config_path: Path | None, only: tuple[str, ...], severity: str, as_json: bool) -> None:
     """Fire a test alert (firing, then resolved) through every configured hook, all at once.
 
     \b
     One line per hook: its name, type, target and `ok` or the error. Each transition is tried
     once (no retries) within the hook's timeout_s; a hook's `on` list is honoured.
     Exit status: 0 all delivered, 1 any failed or a configuration error.
+    --json: {"fingerprint": the test alert's, "hooks": [{"name", "type", "target" (secrets
+    redacted), "ok" (true/false), "detail" (what each transition got, or the error)}], "failed": N}
     """
     from nvmon.alerts.hook_delivery import Hook
     from nvmon.alerts.hooks import HookConfigError, load_hooks
@@ -113,11 +117,16 @@ def hooks_test_command(config_path: Path | None, only: tuple[str, ...], severity
     resolved = firing.with_status("resolved", now)
     hooks = [Hook(c) for c in configs]
     results = asyncio.run(_run_all(hooks, firing, resolved))
-    width = max(len(h.name) for h in hooks)
-    for hook, (ok, detail) in zip(hooks, results, strict=True):
-        verdict = f"ok ({detail})" if ok else f"FAILED: {detail}"
-        click.echo(f"{hook.name:<{width}}  {hook.config.type:<12} {hook.target:<32} {verdict}")
     failed = sum(1 for ok, _ in results if not ok)
+    if as_json:
+        click.echo(json.dumps({"fingerprint": firing.fingerprint, "failed": failed, "hooks": [
+            {"name": h.name, "type": h.config.type, "target": h.target, "ok": ok, "detail": detail}
+            for h, (ok, detail) in zip(hooks, results, strict=True)]}, indent=2))
+    else:
+        width = max(len(h.name) for h in hooks)
+        for hook, (ok, detail) in zip(hooks, results, strict=True):
+            verdict = f"ok ({detail})" if ok else f"FAILED: {detail}"
+            click.echo(f"{hook.name:<{width}}  {hook.config.type:<12} {hook.target:<32} {verdict}")
     if failed:
         click.echo(f"nvmon: {failed} of {len(hooks)} hook(s) failed", err=True)
         sys.exit(1)
