@@ -119,6 +119,8 @@ FLEET_CODES: dict[str, Code] = {
                            "readings, and lower GPU power limits (nvidia-smi -pl) or move jobs"),
     "fleet.same_fault": Code(_C, "Many nodes share one fault: look for the common cause first (switch, PDU, "
                                  "fabric manager, a driver or firmware rollout) before working node by node"),
+    "fleet.feed_stalled": Code(_W, "No message from any node while the broker connection is up: check the "
+                                   "broker (stopped, swapping, disk full, its log), then the network to the nodes"),
 }
 
 CODES: dict[str, Code] = NODE_CODES | FLEET_CODES

@@ -195,15 +195,36 @@ def test_many_nodes_with_one_fault_make_one_fleet_alert():
     run(state, alerts, T0, T0 + 2, ticking=["n1", "n2", "n3", "n4"])
     assert pager.sent == []
     node_alerts(state, "n3", T0 + 3, "nvlink.link_down")
-    run(state, alerts, T0 + 3, T0 + 5, ticking=["n1", "n2", "n3", "n4"])
+    run(state, alerts, T0 + 3, T0 + 32, ticking=["n1", "n2", "n3", "n4"])
+    assert pager.sent == [] and [r.status for r in alerts.active()] == ["pending"]  # held 30 s (for_s)
+    run(state, alerts, T0 + 33, T0 + 35, ticking=["n1", "n2", "n3", "n4"])
     [rec] = pager.sent
     assert (rec.code, rec.node, rec.labels, rec.value, rec.threshold) == ("fleet.same_fault", None,
                                                                           {"fault": "nvlink.link_down"}, 3, 3)
     assert rec.summary == "3 nodes with nvlink.link_down at once: n1, n2, n3"
 
 
+def test_a_momentary_coincidence_does_not_page_same_fault():
+    """Three nodes share a code for 20 s (under same_fault's 30 s hold), twice with a gap: no page.
+    A configured for_s is honoured ([fleet.rules."fleet.same_fault"] for_s)."""
+    for for_s, expected in ((None, 0), (10, 2)):  # 10 s: each 20 s episode pages
+        state, alerts, pager = setup(**({"rules": {"fleet.same_fault": {"for_s": for_s}}} if for_s else {}))
+        nodes = ("n1", "n2", "n3")
+        for n in nodes:
+            node_up(state, n, T0)
+        for start in (T0, T0 + 100):
+            for n in nodes:
+                node_alerts(state, n, start, "ib.port_down")
+            run(state, alerts, start, start + 20, ticking=nodes)
+            for n in nodes:
+                node_alerts(state, n, start + 21)
+            run(state, alerts, start + 21, start + 99, ticking=nodes)
+        assert len(pager.of("fleet.same_fault")) == expected, pager.sent
+        assert alerts.active() == []
+
+
 def test_nodes_lost_together_page_per_node_and_once_as_a_fleet():
-    state, alerts, pager = setup(same_fault_nodes=3)
+    state, alerts, pager = setup(same_fault_nodes=3, rules={"fleet.same_fault": {"for_s": 0}})
     for n in ("n1", "n2", "n3"):
         node_up(state, n, T0)
         node_alerts(state, n, T0, "ib.port_down")  # retained: stays after the node dies

@@ -16,6 +16,10 @@ Blind spells: while the subscriber is not connected, and for a settle time after
 every active alert is held as it is and no new one starts. Losing the broker must not page the
 whole fleet as stale, nor resolve what is still wrong.
 
+Feed stalls: while the connection is up but no node has sent anything for several intervals
+(FleetRules.stalled: a stopped or wedged broker), every alert but fleet.feed_stalled is held the
+same way: one warning instead of a page per node.
+
 Forgotten nodes: a node whose retained status was cleared (`nvmon forget`) leaves the state; its
 alerts end at once in the database, logged, not paged (a resolved node.offline would read "back").
 
@@ -70,6 +74,10 @@ def _hold_all(r: AlertRecord) -> bool:
 
 def _hold_none(r: AlertRecord) -> bool:
     return False
+
+
+def _hold_but_feed(r: AlertRecord) -> bool:
+    return r.code != "fleet.feed_stalled"
 
 
 def describe(r: AlertRecord) -> str:
@@ -128,7 +136,7 @@ class FleetAlerts:
         t0 = time.perf_counter()
         try:
             conds = {} if blind else self.rules.conditions(state, now)
-            held = _hold_all if blind else _hold_none
+            held = _hold_all if blind else _hold_but_feed if self.rules.stalled else _hold_none
             out: list[Transition] = []
             for place in list(self.engines.keys() | conds.keys()):
                 eng = self.engines.get(place)

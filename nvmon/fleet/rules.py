@@ -13,8 +13,18 @@ about itself is judged here:
   for each of them, above the rack's budget (`[fleet.racks.NAME] budget_kw`, else
   `rack_budget_kw`; a rack without a budget is not judged).
 - `fleet.same_fault`: `same_fault_nodes` or more nodes with the same alert code at once (their
-  own firing alerts, plus node.offline / node.stale from above): one fleet alert per code, e.g.
-  a switch or PDU taking several nodes down pages once, not once per node.
+  own firing alerts, plus node.offline / node.stale from above) for its for_s (30 s: a momentary
+  coincidence does not page): one fleet alert per code, e.g. a switch or PDU taking several
+  nodes down pages once, not once per node.
+- `fleet.feed_stalled`: no message from anyone (`FleetState.last_rx`) for more than two
+  intervals of the fastest live node, with `feed_stall_min_nodes` or more nodes live (online or
+  stale), while the connection to the broker is up (a lost connection is a blind spell, see
+  nvmon.fleet.alerting). Every node went quiet at once: that is the broker (stopped, swapping,
+  wedged) or the path to it, not N nodes. While it lasts, and for a settle time after messages
+  flow again, per-node judgement is held (`stalled`: no node.stale, no same_fault, active alerts
+  neither start nor end) and this one warning is the only condition; it is logged once when it
+  starts and once when it ends. After `feed_stall_max_s` per-node judgement resumes (the alert
+  stays): a broker that still answers this client's pings is not stalled, the nodes are silent.
 
 Pure and synchronous: `FleetRules.conditions(state, now)` returns the conditions holding now,
 grouped by `Place` (the node, rack or fault they are about); nvmon.fleet.alerting feeds them to
@@ -23,6 +33,7 @@ one AlertEngine per place. The config model (`[fleet]`) lives here too (docs/ale
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +46,8 @@ from nvmon.alerts.model import FLEET_CODES, fingerprint
 from nvmon.codes import FLEET_CODES as _FLEET
 from nvmon.alerts.rules import Condition, RuleSpec
 from nvmon.fleet.state import FleetState
+
+log = logging.getLogger("nvmon.fleet")
 
 WEEK_S = 7 * 86400.0
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -51,8 +64,12 @@ DEFAULTS: dict[str, tuple[float, float]] = {  # code → (for_s, clear_s); runbo
     "node.offline": (0.0, 30.0),
     "node.stale": (20.0, 30.0),
     "rack.power": (60.0, 60.0),
-    "fleet.same_fault": (0.0, 60.0),
+    "fleet.same_fault": (30.0, 60.0),
+    "fleet.feed_stalled": (10.0, 10.0),
 }
+FEED_QUIET_INTERVALS = 2.0  # no message from anyone for this many intervals of the fastest live node
+MIN_FEED_QUIET_S = 1.0
+FEED_SETTLE_S = 2.0  # after a stall, messages flow this long (or two fast intervals) before judging nodes
 assert set(DEFAULTS) == set(FLEET_CODES)
 
 
@@ -86,6 +103,9 @@ class FleetSettings(_Strict):
     rack_budget_kw: float | None = Field(None, gt=0, le=10_000)  # None: only racks with their own budget
     node_overhead_w: float = Field(0.0, ge=0, le=100_000)  # CPUs, fans, NICs, drives: not in GPU power
     same_fault_nodes: int = Field(3, ge=2, le=100_000)
+    feed_stall_min_nodes: int = Field(3, ge=2, le=100_000)  # fewer live nodes: a silent feed is judged per node
+    feed_stall_max_s: float = Field(60.0, ge=0, le=WEEK_S)  # hold per-node judgement this long at most; 0: never
+    log_drops_every_s: float = Field(60.0, ge=1, le=86400)  # nvmon fleet logs refused messages this often
     racks: dict[str, RackSettings] = Field(default_factory=dict)
     rules: dict[str, FleetRuleOverride] = Field(default_factory=dict)
 
@@ -142,8 +162,9 @@ def rack_power_level(draw: float | None, budget: float | None) -> str | None:
 
 
 class Place(NamedTuple):
-    """What a fleet alert is about: ("node", cluster, node), ("rack", cluster, rack) or
-    ("fault", cluster, code) for fleet.same_fault. One AlertEngine per place."""
+    """What a fleet alert is about: ("node", cluster, node), ("rack", cluster, rack),
+    ("fault", cluster, code) for fleet.same_fault or ("feed", cluster, "") for fleet.feed_stalled
+    (cluster "*" when the state holds several). One AlertEngine per place."""
 
     kind: str
     cluster: str
@@ -164,6 +185,8 @@ def place_of(cluster: str, node: str | None, rack: str | None, code: str, labels
     """The place an alert record belongs to (for records restored from the database)."""
     if code == "fleet.same_fault":
         return Place("fault", cluster, str(labels.get("fault", "")))
+    if code == "fleet.feed_stalled":
+        return Place("feed", cluster, "")
     if node is not None:
         return Place("node", cluster, node)
     return Place("rack", cluster, rack or "")
@@ -186,6 +209,9 @@ class FleetRules:
         self.book = fleet_book(settings)
         self.identities: dict[Place, Identity] = {}  # of the places seen in the latest `conditions`
         self.max_interval_s = 1.0  # the slowest node's sample interval, seen in the latest `conditions`
+        self.stalled = False  # the latest `conditions` found the feed stalled: hold per-node judgement
+        self._stall_since: float | None = None  # the feed went quiet then (a stall episode is on)
+        self._flowing_since: float | None = None  # messages came again then (settling)
 
     def budget_kw(self, rack: str) -> float | None:
         r = self.settings.racks.get(rack)
@@ -202,8 +228,17 @@ class FleetRules:
         racks: dict[tuple[str, str], list] = {}  # (cluster, rack) → [online nodes with power, GPU W, names]
         faults: dict[tuple[str, str], list[str]] = {}  # (cluster, code) → nodes
         max_interval = 1.0
+        lives = {key: view.liveness(now) for key, view in state.nodes.items()}
+        stall = self._feed_stall(state, lives, now)
+        if stall is not None:
+            place, ident, cond = stall
+            if "fleet.feed_stalled" in book:
+                out[place], ids[place] = [cond], ident
+            if self.stalled:  # nothing else is judged: the nodes' silence is the broker's
+                self.identities = ids
+                return out
         for (cluster, node), view in state.nodes.items():
-            live = view.liveness(now)
+            live = lives[(cluster, node)]
             max_interval = max(max_interval, view.stale_after_s / state.stale_factor)
             place = Place("node", cluster, node)
             conds: list[Condition] = []
@@ -254,6 +289,46 @@ class FleetRules:
             self._fault_conditions(faults, out, ids)
         self.identities = ids
         return out
+
+    def _feed_stall(self, state: FleetState, lives: dict, now: float) -> tuple[Place, Identity, Condition] | None:
+        """Track the feed-stall episode (see the module docstring); sets `stalled`. Returns the
+        fleet.feed_stalled (place, identity, condition) while an episode is on, else None."""
+        s = self.settings
+        live = [state.nodes[k] for k, lv in lives.items() if lv.state != "offline"]
+        quiet = silent = 0.0
+        if len(live) >= s.feed_stall_min_nodes and state.last_rx is not None and s.feed_stall_max_s > 0:
+            fastest = min(v.stale_after_s for v in live) / state.stale_factor
+            quiet = max(MIN_FEED_QUIET_S, FEED_QUIET_INTERVALS * fastest)
+            silent = now - state.last_rx
+        if quiet and silent > quiet:
+            if self._stall_since is None:
+                self._stall_since = state.last_rx
+                log.warning("fleet: feed stalled: no message from any of %d live nodes for %.1f s while connected "
+                            "to the broker; per-node judgement held until messages flow again", len(live), silent)
+            self._flowing_since = None
+        elif self._stall_since is not None:
+            if self._flowing_since is None:
+                self._flowing_since = now
+            if now - self._flowing_since >= max(FEED_SETTLE_S, quiet):
+                log.info("fleet: feed flowing again after a %.1f s stall; judging nodes again",
+                         self._flowing_since - self._stall_since)
+                self._stall_since = self._flowing_since = None
+        if self._stall_since is None:
+            self.stalled = False
+            return None
+        lasted = now - self._stall_since
+        self.stalled = lasted <= s.feed_stall_max_s
+        clusters = {v.cluster for v in live} or {k[0] for k in lives}
+        cluster = next(iter(clusters)) if len(clusters) == 1 else "*"
+        how = ("flowing again, settling" if self._flowing_since is not None
+               else f"no message from any of {len(live)} live nodes for {_age(lasted)}")
+        held = ("per-node judgement held" if self.stalled
+                else f"judging nodes again after {_age(s.feed_stall_max_s)}: the broker answers, the nodes are silent")
+        cond = Condition(fingerprint("fleet.feed_stalled", cluster, None), "fleet.feed_stalled",
+                         f"feed stalled while connected to the broker: {how}; {held}",
+                         self.book["fleet.feed_stalled"].runbook if "fleet.feed_stalled" in self.book else "",
+                         value=round(lasted, 1), threshold=round(quiet, 3) if quiet else None)
+        return Place("feed", cluster, ""), Identity(cluster, None, None), cond
 
     def _rack_conditions(self, racks: dict, out: dict, ids: dict) -> None:
         rule = self.book["rack.power"]

@@ -198,12 +198,16 @@ class FleetState:
         self._dropped: Counter[str] = Counter()
         self._last_drop: str | None = None
         self._skew_noted = False
+        self.last_rx: float | None = None  # when the latest message of any kind arrived, dropped ones too:
+        # a feed silent for everyone at once is the broker's stall, not every node's (nvmon.fleet.rules)
 
     # --- input --------------------------------------------------------------------------------
 
     def apply(self, topic: object, payload: object, now: float) -> bool:
         """Apply one message; False if it was dropped (and counted). Never raises."""
         self._received += 1
+        if self.last_rx is None or now > self.last_rx:
+            self.last_rx = now
         try:
             cleared = self._apply(str(topic), payload, now)
         except _Drop as d:
@@ -383,6 +387,8 @@ class FleetState:
         """A known node's tick arrived but is not applied yet (the subscriber is behind and keeps
         only each node's newest). Cheap; `sweep` folds it into liveness, so a slow aggregator does
         not mistake its own lag for silent nodes."""
+        if self.last_rx is None or now > self.last_rx:
+            self.last_rx = now
         parts = topic.split("/")
         if len(parts) == 5 and (parts[2], parts[3]) in self._nodes:
             self._seen[(parts[2], parts[3])] = now
