@@ -8,7 +8,8 @@ rules (nvmon.fleet.rules) every second and at once when a node's status changes,
 `[[hooks]]` on firing / resolved, keeps alert state in SQLite (the same schema as a node's, so
 `nvmon alerts --db /var/lib/nvmon/fleet.db` lists, acks and silences fleet alerts), honours the
 acks and silences shared on the broker (`nvmon/v1/<cluster>/@controls`, nvmon.alerts.shared), logs
-one line per transition. SIGTERM / Ctrl-C: save, exit 0.
+one line per transition, and the messages it refused (counts by reason and the last one) every
+`log_drops_every_s` in which some were. SIGTERM / Ctrl-C: save, exit 0.
 
 The config file is TOML: `[fleet]`, `[mqtt]`, `[alerts]` (only keep_resolved_d is used here) and
 `[[hooks]]`; a node's own tables (`[node]`, `[sampling]`, …) are accepted and ignored, so one file
@@ -128,6 +129,7 @@ async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path
         async with asyncio.TaskGroup() as tg:
             tg.create_task(dispatcher.run(), name="nvmon.fleet.hooks")
             tg.create_task(alerts.persist_loop(), name="nvmon.fleet.persist")
+            tg.create_task(log_drops(state, cfg.fleet.log_drops_every_s), name="nvmon.fleet.drops")
             async with subscribed(settings, state, cluster=cluster) as sub, \
                     listening(settings, alerts.shared, cluster=cluster):
                 await _evaluate_loop(alerts, state, sub, clock)
@@ -141,6 +143,23 @@ async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path
         store.close()
     log.info("fleet: stopped")
     return 0
+
+
+async def log_drops(state, every_s: float) -> None:
+    """Every `every_s`, if messages were refused since the last look: one line with how many, by
+    reason, and the last one's reason and message (FleetStats.last_drop: one line, safe to log).
+    A hostile or broken publisher shows in the journal without a line per message."""
+    before: dict[str, int] = {}
+    while True:
+        await asyncio.sleep(every_s)
+        st = state.stats
+        new = {r: n - before.get(r, 0) for r, n in st.dropped_by_reason.items() if n > before.get(r, 0)}
+        if not new:
+            continue
+        before = dict(st.dropped_by_reason)
+        log.warning("fleet: %d messages dropped in the last %g s (%s; %d since start); last: %s",
+                    sum(new.values()), every_s, ", ".join(f"{r} {n}" for r, n in sorted(new.items())), st.dropped,
+                    (st.last_drop or "")[:300])
 
 
 def _open_and_load(store):
