@@ -312,3 +312,19 @@ def test_hooks_test_json(tmp_path):
     help_text = nvmon(tmp_path, "hooks", "test", "--help").stdout
     assert all(f'"{k}"' in help_text for k in ("fingerprint", "hooks", "name", "type", "target", "ok", "detail",
                                                  "failed"))
+
+
+def test_counts_agree_with_their_nouns(tmp_path):
+    """'1 rack', not '1 racks' (sim-fleet's banner; its summary lines use the same helper)."""
+    import socket
+
+    from nvmon.cli.common import counted
+
+    assert (counted(1, "rack"), counted(0, "error"), counted(3, "sample")) == ("1 rack", "0 errors", "3 samples")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"mqtt://127.0.0.1:{s.getsockname()[1]}"
+    r = nvmon(tmp_path, "sim-fleet", "--broker", url, "--nodes", "1", "--racks", "1", "--seconds", "1")
+    banner = r.stderr.splitlines()[0]
+    assert banner.startswith("sim-fleet: 1 node (sim-000..sim-000, 1 rack, 0 faulty) of hgx-h100"), r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr

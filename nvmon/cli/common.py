@@ -85,6 +85,11 @@ def check_broker(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 rack', '2 racks': a count with its noun in the right number."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def on_terminal() -> bool:
     """Is stdout a terminal? Piped output is never cut to the screen: no "…", no "and N more"."""
     import sys

@@ -11,7 +11,7 @@ import signal
 
 import click
 
-from nvmon.cli.common import NvmonError, NvmonUsageError, check_broker, check_cluster, check_interval
+from nvmon.cli.common import NvmonError, NvmonUsageError, check_broker, check_cluster, check_interval, counted
 
 
 def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
@@ -63,8 +63,8 @@ def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interva
     asyncio.run(_run(fleet, seconds))
     s = fleet.stats
     if s.published == 0:  # a run that never reached the broker is a failure, not a quiet exit 0
-        raise NvmonError(f"sim-fleet published nothing to {broker} ({s.connects} connections, {s.errors} errors"
-                         + (f"; last: {s.last_error})" if s.last_error else ")"))
+        raise NvmonError(f"sim-fleet published nothing to {broker} ({counted(s.connects, 'connection')}, "
+                         f"{counted(s.errors, 'error')}" + (f"; last: {s.last_error})" if s.last_error else ")"))
 
 
 async def _run(fleet, seconds: float | None) -> None:
@@ -84,8 +84,9 @@ async def _run(fleet, seconds: float | None) -> None:
         reporter.cancel()
     s = fleet.stats
     if s.published:  # else the caller's one-line error says it all
-        click.echo(f"sim-fleet: stopped; {s.published} samples published, {s.connects} connections, "
-                   f"{s.errors} errors" + (f" (last: {s.last_error})" if s.last_error else ""), err=True)
+        click.echo(f"sim-fleet: stopped; {counted(s.published, 'sample')} published, "
+                   f"{counted(s.connects, 'connection')}, {counted(s.errors, 'error')}"
+                   + (f" (last: {s.last_error})" if s.last_error else ""), err=True)
 
 
 async def _report(fleet, every_s: float = 10.0, first_s: float = 0.2) -> None:
@@ -101,6 +102,6 @@ async def _report(fleet, every_s: float = 10.0, first_s: float = 0.2) -> None:
         await asyncio.sleep(every_s)
         s = fleet.stats
         if s.connected < s.nodes or s.errors > errors:
-            click.echo(f"sim-fleet: {s.connected}/{s.nodes} nodes connected, {s.published} samples published"
+            click.echo(f"sim-fleet: {s.connected}/{s.nodes} nodes connected, {counted(s.published, 'sample')} published"
                        + (f"; last error: {s.last_error}" if s.last_error else ""), err=True)
         errors = s.errors

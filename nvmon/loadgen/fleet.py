@@ -218,6 +218,8 @@ async def simulate_fleet(settings: MqttSettings, nodes: int, *, cluster: str = "
 def describe(fleet: SimFleet) -> str:
     """One line for the CLI's start banner."""
     p = fleet._plan
-    return (f"sim-fleet: {len(p.names)} nodes ({p.names[0]}..{p.names[-1]}, {p.racks} racks, {len(p.faults)} faulty) "
+    n, racks = len(p.names), p.racks
+    return (f"sim-fleet: {n} node{'s' * (n != 1)} ({p.names[0]}..{p.names[-1]}, {racks} rack{'s' * (racks != 1)}, "
+            f"{len(p.faults)} faulty) "
             f"of {p.profile} on {fleet.settings.url}, cluster {fleet.cluster}, every {fleet.interval_s:g} s")
 
