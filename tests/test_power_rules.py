@@ -190,3 +190,22 @@ def test_a_power_brake_marks_the_fleet_row_from_the_findings_the_wire_carries():
     assert state.apply(topic("c", "n1", "sample"), sample_payload(s, audit(s).findings), T0)
     row = state.nodes[("c", "n1")].summary
     assert row.marks == {"power": "critical"} and row.power_capped == 1
+
+
+def test_a_restarted_daemon_counts_a_brake_from_its_episode_not_its_own_start():
+    from nvmon.alerts.model import AlertRecord
+    from dataclasses import replace
+
+    settings = AlertsSettings(startup_grace_s=0)
+    before = AlertEngine(NodeRules(settings, cluster="c", node="n1"), started_at=T0, startup_grace_s=0)
+    braked = with_gpu(healthy_sample(), 4, throttle_reasons=("hw_power_brake", "hw_slowdown"))
+    for t in (T0, T0 + 60):
+        before.evaluate(replace(braked, ts=t), t)
+    [rec] = [r for r in before.active() if r.code == "power.brake"]
+    assert isinstance(rec, AlertRecord) and rec.status == "firing"
+    later = T0 + 2 * 3600  # the daemon restarts two hours into the brake and takes the alert back
+    after = AlertEngine(NodeRules(settings, cluster="c", node="n1"), started_at=later, startup_grace_s=0)
+    assert after.restore([rec], later) == 1
+    assert after.evaluate(replace(braked, ts=later), later) == []  # no second page
+    [now] = [r for r in after.active() if r.code == "power.brake"]
+    assert now.summary.startswith("GPU 4 HW power brake active for 2 h:") and now.value == 7200

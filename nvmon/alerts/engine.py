@@ -214,6 +214,9 @@ class AlertEngine:
             if r.status not in _ACTIVE or r.fingerprint in self._tracks:
                 continue
             self._tracks[r.fingerprint] = _Track(r, now, r.count, r.summary, r.value, r.threshold)
+            resume = getattr(self.rules, "resume_held", None)  # a power brake held since before the restart
+            if resume is not None:
+                resume(r.fingerprint, r.code, r.starts_at, now)
             n += 1
         self._apply_acks()
         return n

@@ -216,6 +216,13 @@ class NodeRules:
         summary = f"{head} for {held_words(seconds)}{sep}{rest}"
         return c._replace(summary=summary, value=round(seconds))
 
+    def resume_held(self, fingerprint: str, code: str, since: float, now: float) -> None:
+        """An alert taken back after a restart: its state has held since its episode began, not
+        since this process started ("active for 3 h", not "for 1 min")."""
+        rule = self.book.get(code)
+        if code in HELD_CODES and rule is not None:
+            self._held[fingerprint] = [since, now, rule.clear_s]
+
     def _forget_held(self, now: float) -> None:
         for fp, (_, seen, clear_s) in list(self._held.items()):
             if now - seen >= clear_s:
