@@ -473,11 +473,11 @@ def _where(f: Finding) -> str:
     return "node"
 
 
-def render_audit(report: AuditReport) -> RenderableType:
+def render_audit(report: AuditReport, *, full: bool = False) -> RenderableType:
     """'✗ CRITICAL — 1 critical, 2 warning — node', then one finding per line, most severe first.
 
-    Each finding: severity symbol, code, where, message; only the message wraps.
-    """
+    Each finding: severity symbol, code, where, message; only the message wraps. `full` (piped):
+    code and where are never cut."""
     symbol, style = _VERDICT_STYLE.get(report.verdict, ("?", "bold"))
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in SEVERITIES}
     line = Text()
@@ -489,8 +489,8 @@ def render_audit(report: AuditReport) -> RenderableType:
         return line
     table = Table.grid(padding=(0, 0, 0, 2), pad_edge=False)
     table.add_column(no_wrap=True)
-    table.add_column(no_wrap=True, overflow="ellipsis", max_width=20)
-    table.add_column(no_wrap=True, overflow="ellipsis", max_width=16)
+    table.add_column(no_wrap=True, overflow="ellipsis", max_width=None if full else 20)
+    table.add_column(no_wrap=True, overflow="ellipsis", max_width=None if full else 16)
     table.add_column()  # the message: the only column that wraps
     # Stable sort: within a severity, the audit's own order (node, then GPU by GPU, then IB).
     for f in sorted(report.findings, key=lambda f: Severity.rank_of(f.severity)):

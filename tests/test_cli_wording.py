@@ -328,3 +328,26 @@ def test_counts_agree_with_their_nouns(tmp_path):
     banner = r.stderr.splitlines()[0]
     assert banner.startswith("sim-fleet: 1 node (sim-000..sim-000, 1 rack, 0 faulty) of hgx-h100"), r.stderr
     assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_audit_view_cuts_code_and_place_only_on_a_terminal():
+    """render_audit(full=True) is what piped `nvmon audit` prints: a long device name whole."""
+    import io
+
+    from rich.console import Console
+
+    from nvmon.audit import audit
+    from nvmon.render import render_audit
+    from samplefactory import healthy_sample, with_ib
+
+    s = with_ib(healthy_sample(), 1, device="mlx5_bond_rail_17", rate_gbps=100.0, rate_name="EDR")
+
+    def text(full: bool) -> str:
+        out = io.StringIO()
+        Console(file=out, width=200, color_system=None).print(render_audit(audit(s), full=full))
+        return out.getvalue()
+
+    [line] = [ln for ln in text(True).splitlines() if "ib.rate" in ln]
+    assert line.split()[:4] == ["⚠", "ib.rate", "mlx5_bond_rail_17", "port"]
+    [line] = [ln for ln in text(False).splitlines() if "ib.rate" in ln]
+    assert line.split()[:3] == ["⚠", "ib.rate", "mlx5_bond_rai…"]  # the message still names it whole

@@ -2,8 +2,9 @@
 
     root.py     the root group, `main()` (the console entry point `nvmon.cli:main`), registration
     common.py   what the commands share: the one error class (`NvmonError`), option checks
-    node.py     sample, audit, daemon: the commands run on a node      profiles.py  profiles
+    node.py     sample, audit, daemon: the commands run on a node       profiles.py  profiles
     alerts.py   alerts (list, ack, silence, silences, unsilence)     hooks.py    hooks test
+    alerts_view.py  what `nvmon alerts` lists: filters, order, the two-line view
     history.py  history          tui.py      tui          demo.py     demo
     fleet.py    fleet (the evaluator in nvmon.fleet.service, as a command)
     simfleet.py sim-fleet (the load generator, nvmon.loadgen, as a command)

@@ -161,7 +161,7 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
     else:
         from nvmon.render import render_audit
 
-        stdout_console().print(render_audit(report))
+        stdout_console().print(render_audit(report, full=not on_terminal()))
     sys.exit(EXIT_CODES[report.verdict])
 
 
