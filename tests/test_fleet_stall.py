@@ -147,22 +147,24 @@ async def test_mosquitto_frozen_8_s_pages_no_node(tmp_path):
                 await wait_until(lambda: len({m.topic for m in rec.messages}) == 4, 20, "samples from 4 nodes")
             await wait_until(lambda: "subscribed to" in f.text(), 10, "nvmon fleet subscribed")
             await asyncio.sleep(3)  # past the fleet's settle time: it judges the nodes
-            assert pages(out) == [], pages(out)
+            assert [p for p in pages(out) if p["alert"]["code"] != "fleet.feed_stalled"] == [], pages(out)
+            before, n_before = len(f.text()), len(pages(out))  # a starved test machine may have stalled already
             broker.proc.send_signal(signal.SIGSTOP)
             frozen, t0 = True, time.monotonic()
             await asyncio.sleep(8)
             broker.proc.send_signal(signal.SIGCONT)
             frozen = False
             print(f"broker frozen for {time.monotonic() - t0:.1f} s")
-            await wait_until(lambda: "feed flowing again" in f.text(), 15, "the end of the stall logged")
+            await wait_until(lambda: "feed flowing again" in f.text()[before:], 15, "the end of the stall logged")
             await asyncio.sleep(3)  # node.stale / same_fault would fire at once if judged now
-            got = [(p["alert"]["code"], p["alert"]["status"]) for p in pages(out)]
+            got = [(p["alert"]["code"], p["alert"]["status"]) for p in pages(out)[n_before:]]
             print("hook got:", got)
             assert [c for c, _ in got if c != "fleet.feed_stalled"] == [], got
             assert got in ([], [("fleet.feed_stalled", "firing")],
                            [("fleet.feed_stalled", "firing"), ("fleet.feed_stalled", "resolved")]), got
             text = f.text()
-            assert text.count("fleet: feed stalled: no message from any of 4 live nodes") == 1, text
+            assert text[before:].count("fleet: feed stalled: no message from any of 4 live nodes") == 1, text
+            assert all(p["alert"]["code"] == "fleet.feed_stalled" for p in pages(out)), pages(out)
             fired = [ln for ln in text.splitlines() if "fleet alert firing" in ln]
             assert all("fleet.feed_stalled" in ln for ln in fired), fired
             assert "connection lost" not in text  # the subscriber stayed connected: a stall, not an outage
