@@ -96,7 +96,8 @@ async def test_demo_headless_publishes_the_planted_fleet_and_leaves_nothing(tmp_
         try:
             names = [n.name for n in plan.nodes]
             await wait_until(lambda: all(payloads(rec, n, "sample") for n in names), 10, "a sample from every node")
-            assert psutil.Process(proc.pid).children(recursive=True) == []  # all nodes in one process
+            # all nodes in one process; the one child is the broker where Mosquitto is installed
+            assert [c.name() for c in psutil.Process(proc.pid).children(recursive=True)] in ([], ["mosquitto"])
             for n in names:
                 assert ("online", None) in states(rec, n)
                 assert payloads(rec, n, "inventory"), f"{n}: no inventory"

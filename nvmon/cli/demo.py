@@ -97,7 +97,7 @@ async def _headless(fleet, stop: asyncio.Event) -> None:
     racks = len({n.rack for n in p.nodes})
     n = len(p.nodes)
     _say(f"nvmon demo: {n} simulated node{'s' * (n != 1)} in {racks} rack{'s' * (racks != 1)}, "
-         f"cluster {fleet.cluster!r}, embedded broker {fleet.url}")
+         f"cluster {fleet.cluster!r}, {fleet.broker_name} {fleet.url}")
     _say(f"  view it:  nvmon tui --broker {fleet.url} --cluster {fleet.cluster}")
     _say(f"  raw:      mosquitto_sub -h 127.0.0.1 -p {fleet.port} -t 'nvmon/v1/#' -v")
     for line in p.describe():
@@ -141,7 +141,7 @@ def planted_notice(plan) -> str:
     return "planted: " + ", ".join(f"{name[4:] if short else name} {w}" for name, w in tags)
 
 
-async def _main(plan, *, port: int | None, tui_app, duration: float | None) -> int:
+async def _main(plan, *, port: int | None, tui_app, duration: float | None, broker: str = "auto") -> int:
     """Run the fleet (and the TUI on it) until a stop; returns the exit status."""
     from nvmon.demo.fleet import DemoFleet
 
@@ -161,7 +161,7 @@ async def _main(plan, *, port: int | None, tui_app, duration: float | None) -> i
     echo = (lambda line: _say(f"  {line}")) if tui_app is None else None
     rc = 0
     try:
-        async with DemoFleet(plan, port=port, on_event=echo) as fleet:
+        async with DemoFleet(plan, port=port, on_event=echo, broker=broker) as fleet:
             if tui_app is None:
                 await _headless(fleet, stop)
                 _say("nvmon demo: stopping…")
@@ -178,7 +178,8 @@ async def _main(plan, *, port: int | None, tui_app, duration: float | None) -> i
 
 
 @click.command("demo")
-@click.option("--nodes", type=int, default=16, show_default=True, help="Simulated nodes (1-200).")
+@click.option("--nodes", type=int, default=16, show_default=True,
+              help="Simulated nodes (1-100: the real daemon code, all in this one process).")
 @click.option("--racks", type=int, help="Racks to spread them over (default 2).")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=1, show_default=True,
               help="Picks the faulty GPUs, links and ports, and each board's traffic.")
@@ -187,13 +188,16 @@ async def _main(plan, *, port: int | None, tui_app, duration: float | None) -> i
               help="Run headless: print the broker URL and a status line every few seconds.")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop after this long (default: until q / Ctrl-C).")
+@click.option("--embedded-broker", "embedded", is_flag=True,
+              help="Use the embedded pure-Python broker even where Mosquitto is installed.")
 @click.option("--speed", type=float, default=1.0, hidden=True, help="Run the fault timeline this many times faster.")
 def demo_command(nodes: int, racks: int | None, seed: int, port: int | None, no_tui: bool, duration: float | None,
-                 speed: float) -> None:
+                 embedded: bool, speed: float) -> None:
     """A simulated GPU fleet with planted faults, live in the TUI — no GPU, no broker needed.
 
     \b
-    Starts an embedded MQTT broker on a free 127.0.0.1 port and N simulated 8-GPU nodes, each running
+    Starts an MQTT broker on a free 127.0.0.1 port (Mosquitto when it is installed, else an embedded
+    pure-Python one) and N simulated 8-GPU nodes, each running
     the real `nvmon daemon` code (sampling, SQLite history in a temporary directory, MQTT), then
     opens `nvmon tui` on them. Planted: a pairs-bridged "fake NVLink" box, a GPU on PCIe x8, an IB
     port at 100G, a power-capped GPU, NVLink errors from t+40 s, and a node that dies at t+25 s
@@ -205,16 +209,20 @@ def demo_command(nodes: int, racks: int | None, seed: int, port: int | None, no_
         plan = plan_fleet(nodes, racks, seed=seed, speed=speed)
     except PlanError as e:
         raise click.UsageError(str(e)) from None
+    from nvmon.demo.brokers import DemoError, choose
+
+    try:
+        broker = choose("embedded" if embedded else "auto")
+    except DemoError as e:
+        raise click.UsageError(str(e)) from None
     tui_app = None
     if not no_tui:
         tui_app = _load_tui()
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise NvmonError("the TUI needs a terminal; use --no-tui to run headless")
     recent = _setup_logging(tui=tui_app is not None)
-    from nvmon.demo.fleet import DemoError
-
     try:
-        rc = asyncio.run(_main(plan, port=port, tui_app=tui_app, duration=duration))
+        rc = asyncio.run(_main(plan, port=port, tui_app=tui_app, duration=duration, broker=broker))
     except DemoError as e:
         raise NvmonError(str(e)) from None
     finally:

@@ -23,7 +23,6 @@ import collections
 import contextlib
 import logging
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,75 +31,16 @@ from pathlib import Path
 
 from nvmon.daemon.config import DaemonConfig
 from nvmon.daemon.main import Daemon
+from nvmon.demo.brokers import HOST, DemoError, choose, free_port, make
 from nvmon.demo.relay import Relay
 from nvmon.demo.scenario import FleetPlan, NodePlan, plan_fleet
 from nvmon.wire.mqtt import MqttSettings
 
 log = logging.getLogger("nvmon.demo")
 
-HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 5.0  # per daemon; they stop in parallel, normally within ~0.1 s
 BROKER_STOP_TIMEOUT_S = 5.0
 DRAIN_TIMEOUT_S = 1.0
-_QUIET_LOGGERS = ("amqtt", "transitions")  # the broker and its state-machine library chat at INFO
-
-
-class DemoError(Exception):
-    """The demo cannot run; the message is one line for the user."""
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _check_port(host: str, port: int) -> None:
-    """A one-line error for a taken port now, rather than the broker's traceback-shaped one later."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker binds
-        try:
-            s.bind((host, port))
-        except PermissionError:
-            raise DemoError(f"port {port} on {host}: permission denied (ports below 1024 need root)") from None
-        except OSError as e:
-            raise DemoError(f"port {port} on {host} is in use ({e.strerror}); "
-                            "choose another with --port, or leave --port out for a free one") from None
-
-
-async def start_broker(host: str, port: int):
-    """An amqtt broker on host:port, anonymous, MQTT 3.1.1; raises DemoError (one line)."""
-    from amqtt.broker import Broker
-    from amqtt.errors import BrokerError
-
-    for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    _check_port(host, port)
-    config = {
-        "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
-        # Only authentication: amqtt's default plugins add $SYS publishing and per-packet logging.
-        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
-    }
-    broker = Broker(config)
-    try:
-        await broker.start()
-    except BrokerError as e:
-        raise DemoError(f"cannot start the embedded MQTT broker on {host}:{port}: "
-                        f"{' '.join(str(e.__cause__ or e).split())}") from None
-    return broker
-
-
-async def _drain(broker, timeout_s: float) -> None:
-    """Wait (bounded) until the broker has fanned out what it received: amqtt's shutdown drops
-    messages still in flight, and the nodes' `offline` goodbyes should reach the views first.
-    (amqtt internals, pinned by pyproject; if they change this degrades to a short pause.)"""
-    queue = getattr(broker, "_broadcast_queue", None)
-    tasks = getattr(broker, "_tasks_queue", ())
-    deadline = time.monotonic() + timeout_s
-    await asyncio.sleep(0.05)
-    while time.monotonic() < deadline and ((queue is not None and not queue.empty())
-                                           or any(not t.done() for t in tasks)):
-        await asyncio.sleep(0.02)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,13 +141,17 @@ class _Node:
 class DemoFleet:
     """Broker + simulated nodes for the lifetime of an `async with` block (see the module docstring).
 
-    `port`: the broker's port on 127.0.0.1 (None: a free one). `tmp_root`: where the temporary
-    directory goes (default: the system's). `on_event(text)` hears of deaths and returns.
+    `port`: the broker's port on 127.0.0.1 (None: a free one). `broker`: "auto" (Mosquitto when
+    installed, else the embedded amqtt), "mosquitto" or "embedded" (nvmon.demo.brokers).
+    `tmp_root`: where the temporary directory goes (default: the system's). `on_event(text)` hears
+    of deaths and returns.
     """
 
     def __init__(self, plan: FleetPlan | None = None, *, port: int | None = None, tmp_root: Path | None = None,
-                 on_event: Callable[[str], None] | None = None, stagger: bool = True):
+                 on_event: Callable[[str], None] | None = None, stagger: bool = True, broker: str = "auto"):
         self.plan = plan or plan_fleet()
+        self.broker_kind = choose(broker)  # DemoError before anything starts
+        self._fallback = broker == "auto"  # a Mosquitto that will not start: the embedded one instead
         self.cluster = self.plan.cluster
         self.port = port
         self.tmp_root = tmp_root
@@ -220,6 +164,10 @@ class DemoFleet:
         self._relays: list[Relay] = []
         self._timelines: list[asyncio.Task] = []
         self._t0 = 0.0
+
+    @property
+    def broker_name(self) -> str:
+        return "mosquitto" if self.broker_kind == "mosquitto" else "embedded broker"
 
     @property
     def url(self) -> str:
@@ -241,7 +189,15 @@ class DemoFleet:
                             f"{e.strerror}") from None
         try:
             self.port = self.port or free_port()
-            self._broker = await start_broker(HOST, self.port)
+            self._broker = make(self.broker_kind)
+            try:
+                await self._broker.start(HOST, self.port, self.tmp_dir)
+            except DemoError as e:
+                if not (self._fallback and self.broker_kind == "mosquitto"):
+                    raise
+                log.warning("%s; using the embedded broker", e)
+                self.broker_kind, self._broker = "embedded", make("embedded")
+                await self._broker.start(HOST, self.port, self.tmp_dir)
             await self._start_nodes()
         except BaseException:
             await self._close()
@@ -320,11 +276,8 @@ class DemoFleet:
         for r in self._relays:
             await r.close()
         if self._broker is not None:
-            await _drain(self._broker, DRAIN_TIMEOUT_S)
-            try:
-                await asyncio.wait_for(self._broker.shutdown(), BROKER_STOP_TIMEOUT_S)
-            except Exception as e:  # noqa: BLE001 - stopping anyway: report, never hang
-                log.error("embedded broker shutdown: %s", e)
+            await self._broker.drain(DRAIN_TIMEOUT_S)
+            await self._broker.stop(BROKER_STOP_TIMEOUT_S)
             self._broker = None
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)

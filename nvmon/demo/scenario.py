@@ -32,7 +32,7 @@ from nvmon.sim.profiles import PROFILES
 CLUSTER = "demo"
 DEFAULT_NODES = 16
 DEFAULT_RACKS = 2
-MAX_NODES = 200
+MAX_NODES = 100  # what one process carries here: 100 real daemons online in ~15 s (docs/BENCHMARKS.md)
 MAX_RACKS = 50
 
 # Expected hardware per board, as a buyer would write it: the pairs box was sold as an HGX A100

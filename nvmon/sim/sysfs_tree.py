@@ -215,7 +215,7 @@ class OpenFiles:
     """Files kept open for in-place rewrites, as `_put` does them: a value at least as long as the
     file's (a counter's text only grows) is one pwrite; a shorter one goes through `_put`'s
     rename, and the new file is opened again. For a tree with one writer (a SimNode's). Past the
-    process's budget (`nvmon demo` runs up to 200 nodes), files are opened per write."""
+    process's budget (`nvmon demo` runs up to 100 nodes), files are opened per write."""
 
     def __init__(self, budget: FdBudget = _SIM_FD_BUDGET):
         self.budget = budget

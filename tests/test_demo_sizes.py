@@ -1,0 +1,118 @@
+"""`nvmon demo` at its largest advertised size and on each broker: every node online within 20 s,
+a stop within 5 s with nothing left behind (no broker process, no temporary directory), no
+traceback. The broker is Mosquitto where it is installed (CI installs it), else the embedded one;
+`--embedded-broker` forces the embedded one."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from mqtt_broker import MOSQUITTO, needs_mosquitto
+
+from nvmon.demo.scenario import MAX_NODES
+
+
+def start(tmp_path, *args: str) -> subprocess.Popen:
+    root = tmp_path / "tmp"
+    root.mkdir()
+    return subprocess.Popen([sys.executable, "-m", "nvmon", "demo", "--no-tui", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": str(root)})
+
+
+def read_until(proc: subprocess.Popen, pattern: str, timeout_s: float) -> tuple[str, float]:
+    """Lines until one matches (the demo's status line comes every 5 s); returns (output, seconds)."""
+    t0, out = time.monotonic(), []
+    while time.monotonic() - t0 < timeout_s:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out.append(line)
+        if re.search(pattern, line):
+            return "".join(out), time.monotonic() - t0
+    raise AssertionError(f"no {pattern!r} within {timeout_s:g} s:\n" + "".join(out))
+
+
+def left_behind(tmp_path) -> list[str]:
+    root = str(tmp_path / "tmp")
+    return [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+            if any(root in a for a in (p.info["cmdline"] or []))]
+
+
+def stop(proc: subprocess.Popen) -> tuple[str, float]:
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=30)[0]
+    return rest, time.monotonic() - t0
+
+
+@needs_mosquitto
+def test_the_largest_demo_comes_up_within_20_s_and_stops_within_5_s(tmp_path):
+    proc = start(tmp_path, "--nodes", str(MAX_NODES), "--racks", "5")
+    try:
+        out, _ = read_until(proc, r"cluster 'demo', mosquitto mqtt://127\.0\.0\.1:\d+", 15)
+        # the status lines come every 5 s after start: the one at t+20s at the latest
+        more, _ = read_until(proc, rf"^t\+(5|10|15|20)s\s+online {MAX_NODES}/{MAX_NODES}\b", 30)
+        out += more
+        rest, took = stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out += rest
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert took < 5.0, f"stopped in {took:.1f} s"
+    assert "stopped; broker, nodes and temporary files are gone" in out
+    assert not left_behind(tmp_path) and not list((tmp_path / "tmp").iterdir())
+
+
+def test_the_embedded_broker_on_request(tmp_path):
+    proc = start(tmp_path, "--nodes", "3", "--embedded-broker")
+    try:
+        out, _ = read_until(proc, r"online 3/3", 20)
+        rest, took = stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out += rest
+    assert "embedded broker mqtt://" in out and proc.returncode == 0 and "Traceback" not in out, out
+    assert took < 5.0 and not list((tmp_path / "tmp").iterdir())
+
+
+@pytest.mark.parametrize("nodes", [0, MAX_NODES + 1])
+def test_a_size_it_does_not_advertise_is_a_one_line_usage_error(nodes):
+    r = subprocess.run([sys.executable, "-m", "nvmon", "demo", "--no-tui", "--nodes", str(nodes)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"1..{MAX_NODES}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_help_states_the_largest_size():
+    r = subprocess.run([sys.executable, "-m", "nvmon", "demo", "--help"], capture_output=True, text=True, timeout=30)
+    text = " ".join(r.stdout.split())  # as wrapped for any terminal width
+    assert f"1-{MAX_NODES}" in text and "Mosquitto when it is installed" in text
+    assert MOSQUITTO is None or "--embedded-broker" in r.stdout
+
+
+async def test_a_mosquitto_that_will_not_start_falls_back_to_the_embedded_broker(tmp_path, monkeypatch):
+    from nvmon.demo import brokers
+    from nvmon.demo.fleet import DemoFleet
+    from nvmon.demo.scenario import plan_fleet
+
+    fake = tmp_path / "mosquitto"
+    fake.write_text("#!/bin/sh\necho 'Error: cannot open config' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(brokers, "mosquitto_path", lambda: str(fake))
+    async with DemoFleet(plan_fleet(2, 1), tmp_root=tmp_path) as fleet:
+        assert fleet.broker_kind == "embedded" and fleet.broker_name == "embedded broker"
+        await fleet.wait_published(20)
+    with pytest.raises(brokers.DemoError, match="mosquitto exited at start"):
+        async with DemoFleet(plan_fleet(2, 1), tmp_root=tmp_path, broker="mosquitto"):
+            pass
