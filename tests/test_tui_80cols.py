@@ -5,14 +5,20 @@ Driven with Pilot on the deterministic simulated fleet; what is checked is the t
 from __future__ import annotations
 
 import io
+import time
 
+from mqtt_broker import Broker, needs_mosquitto, wait_until
 from rich.console import Console
+from textual.widgets import DataTable
+from textual.widgets._toast import Toast
 from tuifleet import OFFLINE, STALE, column_plain, make_app, shared_showcase
 
 from nvmon.loadgen.state import SHOWCASE_FAULTS, simulated_state
+from nvmon.tui.app import NvmonApp
 from nvmon.tui.screens.fleet import FleetScreen
 from nvmon.tui.screens.node import NodeScreen
 from nvmon.tui.widgets.fleet_table import FleetTable
+from nvmon.wire.mqtt import MqttSettings
 
 SMALL = (80, 24)
 
@@ -177,3 +183,31 @@ async def test_notice_line_under_the_fleet_table():
         await pilot.pause()
         lines = screen_text(app)
         assert lines[-2] == "planted: 04 pairs, 07 x8" and "shown" in lines[-3]
+
+
+@needs_mosquitto
+async def test_silence_toast_is_whole_at_80x24(tmp_path):
+    """`x` through a real broker: the notification (the longest the TUI gives) reads whole at 80×24."""
+    from test_tui_controls import publish_alerts
+
+    now = time.time()
+    with Broker(tmp_path) as broker:
+        await publish_alerts(broker.url, "t", "n1", now)
+        app = NvmonApp(MqttSettings(url=broker.url), cluster="t", source="toast test", refresh_s=0.1)
+        async with app.run_test(size=SMALL, notifications=True) as pilot:
+            await wait_until(lambda: app.subscriber.status.connected, 10, "the subscriber")
+            await pilot.press("a")
+            await wait_until(lambda: app.screen.query_one(DataTable).row_count == 2, 10, "the node's alerts")
+            await pilot.press("k")
+            await wait_until(lambda: len(app._notifications) == 1, 10, "the ack's notification")
+            await pilot.press("x")
+            await wait_until(lambda: len(list(app.screen.query(Toast))) == 2, 10, "both toasts")
+            await pilot.pause(0.3)
+            notes = {n.message for n in app._notifications}
+            assert any(m.startswith("silenced nvlink.link_down on n1 for 2 h") and len(m) > 80 for m in notes), notes
+            for toast in app.screen.query(Toast):  # both on screen, each whole
+                region = toast.region
+                assert region.right <= 80 and region.y >= 0 and region.bottom <= 24, region
+                shown = " ".join(" ".join("".join(seg.text for seg in line).strip(" ▌").split())
+                                 for line in toast.render_lines(region.reset_offset))
+                assert any(" ".join(m.split()) in shown for m in notes), shown

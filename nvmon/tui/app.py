@@ -78,6 +78,9 @@ class NvmonApp(App):
         # What the embedding program wants said (nvmon demo: what it planted where): `notice` is one
         # line under the fleet table, `notes` are lines at the top of the help screen.
         self.notice, self.notes = notice, notes
+        # One read-modify-write of a cluster's shared set at a time: `k` then `x` at once would each read
+        # the same set and the second publish would drop the first's change.
+        self.share_lock = asyncio.Lock()
 
     def now(self) -> float:
         return self.clock()

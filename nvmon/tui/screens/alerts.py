@@ -110,7 +110,8 @@ class AlertsScreen(Screen):
             if key == "summary" or (key == "shared" and not shared):
                 continue
             widths[key] = min(most, max([len(label), *(cell_len(c[key][0]) for c in cells)]))
-        used = sum(widths.values()) + 2 * t.cell_padding * (len(widths) + 1) + 1  # + a one-column scrollbar
+        before = [k for k in widths if k != "shared"]  # Ack / silence goes after Summary, off to the right
+        used = sum(widths[k] for k in before) + 2 * t.cell_padding * (len(before) + 1) + 1  # + a 1-column scrollbar
         widths["summary"] = max(SUMMARY_MIN, (t.size.width or self.app.size.width) - used)
         layout = tuple((k, widths[k]) for k, _, _ in COLUMNS if k in widths)
         if layout == self._layout and t.columns:
@@ -292,7 +293,8 @@ class AlertsScreen(Screen):
             sid, change = shared_silence({"node": node, "code": a.code}, now, now + SILENCE_S, by, "nvmon tui")
             done = f"silenced {a.code} on {node} for {SILENCE_S / 3600:g} h (silence {sid})"
         try:
-            cs = await update_shared(self.app.settings, cluster, change, clock=self.app.now)
+            async with self.app.share_lock:  # one read-modify-write of the shared set at a time
+                cs = await update_shared(self.app.settings, cluster, change, clock=self.app.now)
         except Exception as e:  # broker away, refused, unreadable set: say so, keep the view
             why = str(e) if isinstance(e, ValueError) else describe_error(e)
             self.notify(f"{which} not shared: {why}", title=which, severity="error", markup=False,
