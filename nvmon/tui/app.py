@@ -26,6 +26,7 @@ from pathlib import Path
 from textual.app import App
 from textual.binding import Binding
 from textual.reactive import reactive
+from textual.scrollbar import ScrollBar, ScrollBarRender
 from textual.worker import Worker, WorkerState
 
 from nvmon.alerts.shared import SharedControls
@@ -40,6 +41,14 @@ from nvmon.tui.screens.help import HelpScreen
 from nvmon.tui.screens.node import NodeScreen
 from nvmon.tui.widgets.header import HeaderInfo
 from nvmon.wire.mqtt import MqttSettings, describe_error, quiet_aiomqtt_noise
+
+
+class WholeCellScrollBar(ScrollBarRender):
+    """Scrollbar thumbs in whole cells: Textual's eighth-cell ends (▂ ▇ ▏) read as stray glyphs beside
+    the content in a terminal that shows them without the thumb's colour (tmux, a monochrome screen)."""
+
+    VERTICAL_BARS = [" "] * 8
+    HORIZONTAL_BARS = [" "] * 8
 
 
 class NvmonApp(App):
@@ -62,6 +71,7 @@ class NvmonApp(App):
                  rack_budget_kw: float | None = None, refresh_s: float = 1.0, notice: str | None = None,
                  notes: tuple[str, ...] = ()):
         super().__init__()
+        ScrollBar.renderer = WholeCellScrollBar  # Textual's documented hook; nvmon's is the process's only app
         self.settings, self.cluster, self.clock, self.refresh_s = settings, cluster, clock, refresh_s
         self.state = state if state is not None else FleetState()
         self.controls = SharedControls() if settings else None  # shared acks and silences, per cluster
