@@ -211,3 +211,20 @@ async def test_silence_toast_is_whole_at_80x24(tmp_path):
                 shown = " ".join(" ".join("".join(seg.text for seg in line).strip(" ▌").split())
                                  for line in toast.render_lines(region.reset_offset))
                 assert any(" ".join(m.split()) in shown for m in notes), shown
+
+
+async def test_scrollbar_thumbs_are_whole_cells():
+    """No eighth-cell thumb ends (▂ ▇ ▏): they read as stray glyphs beside the content in tmux."""
+    app = make_app(shared_showcase())
+    async with app.run_test(size=SMALL) as pilot:
+        app.screen.query_one(FleetTable).move_cursor(5)
+        await pilot.press("enter")
+        await pilot.pause()
+        body = app.screen.query_one("#node-body")
+        for _ in range(3):
+            bar = body.vertical_scrollbar
+            assert body.show_vertical_scrollbar and bar.size.width == 1
+            options = app.console.options.update(width=1, height=bar.size.height)
+            text = "".join(seg.text for seg in app.console.render(bar.render(), options))
+            assert text.strip() == "" and len(text) >= bar.size.height, repr(text)
+            await pilot.press("pagedown")
