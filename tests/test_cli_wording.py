@@ -351,3 +351,15 @@ def test_audit_view_cuts_code_and_place_only_on_a_terminal():
     assert line.split()[:4] == ["⚠", "ib.rate", "mlx5_bond_rail_17", "port"]
     [line] = [ln for ln in text(False).splitlines() if "ib.rate" in ln]
     assert line.split()[:3] == ["⚠", "ib.rate", "mlx5_bond_rai…"]  # the message still names it whole
+
+
+def test_demo_status_line_counts_one_node_as_one():
+    from types import SimpleNamespace
+
+    from nvmon.cli.demo import _status_line
+
+    fleet = SimpleNamespace(status=lambda: SimpleNamespace(nodes=[1, 2], published=20, up=2, elapsed_s=12.0))
+    watch = SimpleNamespace(status=True, online=2, offline=[], alert_counts=lambda: {"critical": 2},
+                            alert_nodes=lambda: 1)
+    line, _ = _status_line(fleet, watch, 0)
+    assert line.endswith("alerts 2 on 1 node (2 critical)"), line

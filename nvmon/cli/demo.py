@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import NvmonError
+from nvmon.cli.common import NvmonError, counted
 
 STATUS_EVERY_S = 5.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -85,7 +85,7 @@ def _status_line(fleet, watch, last_published: int) -> tuple[str, int]:
         online += f" (offline: {', '.join(watch.offline)})"
     rate = max(0, published - last_published) / STATUS_EVERY_S
     counts = watch.alert_counts()
-    alerts = (f"alerts {sum(counts.values())} on {watch.alert_nodes()} nodes ("
+    alerts = (f"alerts {sum(counts.values())} on {counted(watch.alert_nodes(), 'node')} ("
               + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")") if counts else "no alerts"
     return f"t+{st.elapsed_s:.0f}s  {online} · samples {rate:.1f}/s · {alerts}", published
 
