@@ -363,3 +363,27 @@ def test_demo_status_line_counts_one_node_as_one():
                             alert_nodes=lambda: 1)
     line, _ = _status_line(fleet, watch, 0)
     assert line.endswith("alerts 2 on 1 node (2 critical)"), line
+
+
+def test_alerts_list_fits_80_columns_on_a_terminal():
+    import io
+    import time
+
+    from rich.console import Console
+
+    from nvmon.alerts.model import AlertRecord
+    from nvmon.cli.alerts_view import render_alerts
+
+    now = time.time()
+    r = AlertRecord(fingerprint="0123456789abcdef", status="firing", code="nvlink.link_down", severity="critical",
+                    cluster="c", node="gpu-node-0123456789", summary="x " * 100, runbook="", starts_at=now - 60,
+                    gpu=3, link=17, fired_at=now - 60)
+
+    def lines(full: bool) -> list[str]:
+        out = io.StringIO()
+        Console(file=out, width=200, color_system=None).print(render_alerts([r], set(), now, full=full))
+        return out.getvalue().splitlines()
+
+    assert all(len(line.rstrip()) <= 80 for line in lines(False)), lines(False)
+    assert " gpu-node-0123456…  " in lines(False)[1]
+    assert "gpu-node-0123456789 GPU 3 link 17" in lines(True)[1] and len(lines(True)[2]) > 80

@@ -113,7 +113,7 @@ def render_alerts(records: list[AlertRecord], silenced: set[str], now: float, *,
     records = ordered(records)
     places = [plain(where(r)) for r in records]
     width = max(5, *(len(p) for p in places))
-    width = width if full else min(width, 20)
+    width = width if full else min(width, 17)  # 63 columns besides: 80 in all
     lines = [Text(f"{'STATE':<10} {'SEV':<4} {'CODE':<16} {'WHERE':<{width}} {'SINCE':>6} {'COUNT':>5} FINGERPRINT",
                   style="bold")]
     for r, place in zip(records, places):
