@@ -83,7 +83,8 @@ def test_top_level_help_gives_each_command_a_whole_line_within_80_columns(tmp_pa
     for name in cli.commands:
         line = next((ln for ln in listing if ln.split()[:1] == [name]), None)
         assert line is not None, (name, r.stdout)
-        assert len(line) <= 80 and not line.rstrip().endswith(("...", "…")), line
+        assert len(line) <= 80 and not line.rstrip().endswith(("...", "…")), \
+            f"{line!r}: give {name!r} a short line in nvmon.cli.root.SHORT_HELP"
 
 
 def test_help_texts_name_the_right_things(tmp_path):
