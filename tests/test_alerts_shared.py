@@ -311,7 +311,9 @@ topic readwrite nvmon/v1/+/@controls
 async def test_the_documented_acl_lets_ops_but_not_nodes_write_the_control_topic(tmp_path):
     users = {"n1": "pw-n1", "ops": "pw-ops"}
     (tmp_path / "n1.pw").write_text("pw-n1\n")
+    (tmp_path / "n1.pw").chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     (tmp_path / "ops.pw").write_text("pw-ops\n")
+    (tmp_path / "ops.pw").chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     doc = Path(__file__).parent.parent / "docs" / "alerts.md"
     assert all(line in doc.read_text() for line in ACL.splitlines()[1:]), "docs/alerts.md shows this ACL"
     with Broker(tmp_path, users=users, acl=ACL) as broker:

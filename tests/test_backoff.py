@@ -62,6 +62,7 @@ async def test_wrong_password_backs_off_past_the_quick_cap(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger=LOG.name)
     pw = tmp_path / "password"
     pw.write_text("not-the-password\n")
+    pw.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     with Broker(tmp_path, users={"nvmon": "s3cret"}) as broker:
         settings = MqttSettings(url=broker.url, username="nvmon", password_file=str(pw), timeout_s=2)
         times, last_error = await attempt_times(settings, 6)

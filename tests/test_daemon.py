@@ -199,6 +199,7 @@ async def test_wrong_credentials_log_one_clear_error_and_back_off(tmp_path):
     with Broker(tmp_path, users={"nvmon": "right"}) as broker:
         pw = tmp_path / "pw"
         pw.write_text("wrong\n")
+        pw.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
         d = DaemonProc(tmp_path, broker=broker.url,
                        extra_toml=f'username = "nvmon"\npassword_file = "{pw}"\n').start()
         try:

@@ -229,6 +229,7 @@ async def test_acks_by_the_cli_and_over_the_broker_reach_pagerduty_as_acknowledg
     receiver = Receiver()
     key = tmp_path / "pd.key"
     key.write_text(PD_KEY)
+    key.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     hooks = f'[[hooks]]\ntype = "pagerduty"\nurl = "{receiver.url("/pd")}"\nsecret_file = "{key}"\n'
 
     def events(action: str) -> dict[str, str]:

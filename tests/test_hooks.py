@@ -216,6 +216,7 @@ async def test_alertmanager_webhook_notifications_carry_the_groups_whole_state(r
 async def test_pagerduty_trigger_then_resolve_share_the_dedup_key(receiver, tmp_path):
     key_file = tmp_path / "pd.key"
     key_file.write_text(PD_KEY + "\n")
+    key_file.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     d = HookDispatcher([hook("pagerduty", url=receiver.url("/pd"), secret_file=key_file),
                         hook("pagerduty", name="pd-warn", url=receiver.url("/pd2"), secret_file=key_file)],
                        backoff=FAST)
@@ -398,6 +399,7 @@ async def test_secrets_never_reach_logs_or_stats(receiver, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     key_file = tmp_path / "pd.key"
     key_file.write_text(PD_KEY)
+    key_file.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     receiver.script["/pd"] = [(400, f'{{"message": "bad routing_key {PD_KEY}"}}')]
     receiver.script["/slack/T0/B0/SLACKSECRET"] = [(500, "no")] * 5
     dead = Receiver()  # a closed port: connection refused, the error names no URL path
@@ -482,6 +484,7 @@ def write_config(tmp_path: Path, receiver: Receiver, extra: str = "") -> Path:
     argv, _ = recorder(tmp_path)
     key = tmp_path / "pd.key"
     key.write_text(PD_KEY)
+    key.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     path = tmp_path / "nvmon.toml"
     path.write_text(textwrap.dedent(f"""
         [node]

@@ -34,7 +34,7 @@ PACKAGE = "nvmon"
 # package names; a module belongs to the longest unit that prefixes it).
 LAYERS: list[tuple[str, list[list[str]]]] = [
     ("leaf", [
-        ["nvmon", "nvmon.aio", "nvmon.tomlfile", "nvmon.xid"],  # "nvmon": the package root, __version__
+        ["nvmon", "nvmon.aio", "nvmon.secretfile", "nvmon.tomlfile", "nvmon.xid"],  # "nvmon": the package root, __version__
         ["nvmon.codes"],  # Severity, the finding codes and their runbooks
         ["nvmon.model", "nvmon.specs"],  # the Sample and its names; the expected hardware
         ["nvmon.catalog"],  # the metric catalog: what each Sample metric is, once

@@ -272,6 +272,7 @@ async def test_wrong_password_is_reported_once_and_retried(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="nvmon.wire")
     pw = tmp_path / "password"
     pw.write_text("not-the-password\n")
+    pw.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     with Broker(tmp_path, users={"nvmon": "s3cret"}) as broker:
         pub = publisher(broker.url, username="nvmon", password_file=str(pw))
         async with running(pub) as (task, queue):

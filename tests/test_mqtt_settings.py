@@ -58,6 +58,7 @@ def test_settings_are_checked_when_made(kw, why):
 def test_password_comes_from_the_file_without_its_newline(tmp_path):
     f = tmp_path / "pw"
     f.write_text(" pass word \n")
+    f.chmod(0o600)  # a secret file: private to its reader, or refused (nvmon.secretfile)
     assert MqttSettings(url="mqtt://b", username="u", password_file=str(f)).read_password() == " pass word "
     assert MqttSettings(url="mqtt://b").read_password() is None
     with pytest.raises(OSError):

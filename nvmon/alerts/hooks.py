@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from nvmon.alerts.hook_kinds import HOOK_KINDS
 from nvmon.codes import Severity
+from nvmon.secretfile import LooseSecretFile, check_private
 from nvmon.tomlfile import TomlFileError, location, more_problems, read_toml, validation_line
 
 HOOK_TYPES = tuple(HOOK_KINDS)
@@ -268,8 +269,11 @@ def read_secret(hook: HookConfig, environ: Any = None) -> str | None:
     if hook.secret_file is not None:
         where = f"hook {hook.name}: secret_file {hook.secret_file}"
         try:
+            check_private(hook.secret_file)  # as ssh: a secret others may read is refused
             with open(hook.secret_file, encoding="utf-8") as f:
                 value = f.read(65536).strip()
+        except LooseSecretFile as e:
+            raise HookConfigError(f"{where}: {e.strerror}") from None
         except FileNotFoundError:
             raise HookConfigError(f"{where}: no such file") from None
         except PermissionError:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from nvmon.secretfile import check_private
 from nvmon.wire.contract import valid_name
 
 DEFAULT_DB = "/var/lib/nvmon/nvmon.db"  # the daemon's history and alert state
@@ -216,6 +217,8 @@ def check_broker_files(settings) -> None:
         try:
             with open(f, "rb"):
                 pass
+            if what in ("password file", "key file"):  # secrets: private to their reader (nvmon.secretfile)
+                check_private(f)
         except OSError as e:
             raise NvmonError(f"{what} {f}: {e.strerror or e}") from None
     try:

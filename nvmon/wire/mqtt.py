@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError  # not re-exported by aiomqtt 2.x; a negative CONNACK
 
+from nvmon.secretfile import check_private
+
 log = logging.getLogger("nvmon.wire")
 
 SCHEMES = {"mqtt": (False, 1883), "mqtts": (True, 8883)}
@@ -107,12 +109,25 @@ class MqttSettings:
         return parse_broker_url(self.url)
 
     def read_password(self) -> str | None:
-        """The password file's content without its final newline; OSError if unreadable."""
+        """The password file's content without its final newline; OSError if unreadable, and
+        `LooseSecretFile` (a PermissionError) if others may read it (nvmon.secretfile)."""
         if self.password_file is None:
             return None
+        check_private(self.password_file)
         with open(self.password_file, encoding="utf-8") as f:
             text = f.read()
         return text[:-1] if text.endswith("\n") else text
+
+    def exposure(self) -> str | None:
+        """Why these settings leave the broker open (one clause), or None: no username and no
+        client certificate (the broker lets anyone in, so anyone may write as any node), or a
+        password sent over plain mqtt:// (readable on the wire). The broker's own authentication
+        and ACLs are the trust boundary (docs/install.md, "Securing nvmon")."""
+        if self.username is None and self.cert_file is None:
+            return "connected without a username or client certificate: the broker is unauthenticated"
+        if self.password_file is not None and not self.address.tls:
+            return f"the password of user {self.username!r} travels unencrypted (mqtt://, no TLS)"
+        return None
 
     def tls_context(self) -> ssl.SSLContext | None:
         """A verifying client context for mqtts (None for mqtt); OSError/ssl.SSLError on bad files."""
@@ -120,6 +135,7 @@ class MqttSettings:
             return None
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
         if self.cert_file:
+            check_private(self.key_file)  # the client's private key: as the password
             ctx.load_cert_chain(self.cert_file, self.key_file)
         if self.tls_insecure:
             ctx.check_hostname = False  # paho reads this too and skips its own host check
