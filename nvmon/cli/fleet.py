@@ -11,17 +11,30 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (DEFAULT_FLEET_DB, check_broker, check_broker_files, check_cluster, check_db_writable,
+from nvmon.cli.common import (DEFAULT_FLEET_DB, NAME_HINT, check_broker, check_broker_files, check_db_writable,
                               load_fleet_config, mqtt_settings, resolve_db, setup_logging)
 from nvmon.fleet.service import DEFAULT_CONFIG
 
 DEFAULT_BROKER = "mqtt://localhost:1883"
 
 
+def check_clusters(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """`--cluster a --cluster b` or `--cluster a,b` → ('a', 'b'), in order, each once; () when not given."""
+    from nvmon.wire.contract import valid_name
+
+    names = [n.strip() for v in values for n in v.split(",")]
+    for n in names:
+        if not valid_name(n):
+            raise click.BadParameter(f"{n!r}: {NAME_HINT}" if n else f"an empty name in {','.join(values)!r}")
+    return tuple(dict.fromkeys(names))
+
+
 @click.command("fleet")
 @click.option("--broker", default=None, metavar="URL", callback=check_broker,
               help=f"mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (default: [mqtt] broker, else {DEFAULT_BROKER}).")
-@click.option("--cluster", default=None, callback=check_cluster, help="Watch this cluster only (default: every cluster).")
+@click.option("--cluster", "clusters", multiple=True, metavar="NAME[,NAME...]", callback=check_clusters,
+              help="Watch these clusters only (repeatable, or a comma list; default: [fleet] cluster or clusters, "
+                   "else every cluster).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="PATH", help=f"TOML config: [fleet], [mqtt], [[hooks]] (default {DEFAULT_CONFIG} if present).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
@@ -29,7 +42,7 @@ DEFAULT_BROKER = "mqtt://localhost:1883"
                    "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/fleet.db).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def fleet_command(broker: str | None, cluster: str | None, config_path: Path | None, db_path: Path | None,
+def fleet_command(broker: str | None, clusters: tuple[str, ...], config_path: Path | None, db_path: Path | None,
                   log_level: str) -> None:
     """Evaluate fleet rules and run the on-call hooks: node offline (MQTT will) or stale, rack
     power over budget, many nodes with the same fault (docs/alerts.md, "Fleet rules").
@@ -38,6 +51,10 @@ def fleet_command(broker: str | None, cluster: str | None, config_path: Path | N
     Under systemd: systemd/nvmon-fleet.service.   For a look: nvmon sim-fleet in another shell, then
     nvmon fleet --broker mqtt://localhost:1883 --cluster sim --db /tmp/fleet.db
     Stop with SIGTERM or Ctrl-C: alert state is saved, exit 0.
+
+    One instance may watch several clusters (--cluster a,b); their alerts carry their own cluster.
+    Two instances of the same clusters (HA) raise the same alerts with the same identities, so
+    Alertmanager and PagerDuty see one (docs/fleet.md, "Scaling out").
     """
     from nvmon.fleet.service import run_fleet
 
@@ -48,4 +65,4 @@ def fleet_command(broker: str | None, cluster: str | None, config_path: Path | N
     db = resolve_db(db_path or cfg.fleet.db, DEFAULT_FLEET_DB, create=True)
     check_db_writable(db)
     setup_logging(log_level)
-    sys.exit(asyncio.run(run_fleet(cfg, settings, cluster=cluster or cfg.fleet.cluster, db=db)))
+    sys.exit(asyncio.run(run_fleet(cfg, settings, clusters=clusters or cfg.fleet.watched, db=db)))

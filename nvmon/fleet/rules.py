@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nvmon.alerts.model import FLEET_CODES, fingerprint
 from nvmon.codes import FLEET_CODES as _FLEET
@@ -97,6 +97,7 @@ class FleetSettings(_Strict):
     """The `[fleet]` table."""
 
     cluster: str | None = None  # the cluster to watch (--cluster); None: every cluster on the broker
+    clusters: tuple[str, ...] = ()  # or several (--cluster a,b): one instance for a list of clusters
     db: Path = Path("/var/lib/nvmon/fleet.db")  # fleet alert state (--db)
     stale_after_intervals: float = Field(5.0, ge=1, le=1000)
     clean_stop_after_s: float = Field(900.0, ge=0, le=WEEK_S)
@@ -115,6 +116,25 @@ class FleetSettings(_Strict):
         if v is not None and not NAME_RE.match(v):
             raise ValueError("use 1-64 characters from A-Z a-z 0-9 . _ -")
         return v
+
+    @field_validator("clusters")
+    @classmethod
+    def _clusters(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not NAME_RE.match(name):
+                raise ValueError(f"cluster {name!r}: use 1-64 characters from A-Z a-z 0-9 . _ -")
+        return tuple(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _one_way(self):
+        if self.cluster is not None and self.clusters:
+            raise ValueError("set cluster (one) or clusters (a list), not both")
+        return self
+
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """The clusters to watch; () for every cluster on the broker."""
+        return self.clusters or ((self.cluster,) if self.cluster else ())
 
     @field_validator("racks")
     @classmethod

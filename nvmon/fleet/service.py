@@ -1,7 +1,7 @@
 """`nvmon fleet`: the headless fleet evaluator (systemd/nvmon-fleet.service): its config and its run
 loop. The command itself (options, logging, exit status) is nvmon/cli/fleet.py.
 
-    nvmon fleet --broker mqtt://broker:1883 [--cluster prod] [--config /etc/nvmon/fleet.toml] [--db PATH]
+    nvmon fleet --broker mqtt://broker:1883 [--cluster prod[,lab ...]] [--config /etc/nvmon/fleet.toml] [--db PATH]
 
 Subscribes to the fleet (FleetSubscriber → FleetState, the code the TUI uses), evaluates the fleet
 rules (nvmon.fleet.rules) every second and at once when a node's status changes, runs the
@@ -22,6 +22,7 @@ Fleet alerts are not published over MQTT: the wire contract has per-node topics 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -93,8 +94,9 @@ def load_fleet_config(path: Path | None) -> FleetConfig:
         raise FleetConfigError(_one_line(str(path), e)) from None
 
 
-async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path, clock=time.time) -> int:
-    """Run until SIGTERM / SIGINT (or cancelled); 0 after a clean stop, 1 if the database is unusable."""
+async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (), db: Path, clock=time.time) -> int:
+    """Run until SIGTERM / SIGINT (or cancelled); 0 after a clean stop, 1 if the database is unusable.
+    `clusters`: the clusters to watch, () for every cluster on the broker."""
     from nvmon.alerts.hook_dispatch import HookDispatcher
     from nvmon.alerts.shared import listening
     from nvmon.fleet.alerting import FleetAlerts
@@ -123,15 +125,18 @@ async def run_fleet(cfg: FleetConfig, settings, *, cluster: str | None, db: Path
     if n:
         log.info("fleet: %d active alerts restored from %s (no new pages for them)", n, db)
     state = FleetState(stale_factor=cfg.fleet.stale_after_intervals)
-    log.info("fleet: watching %s on %s; rules: %s; alert state in %s", f"cluster {cluster}" if cluster else
-             "every cluster", settings.url, ", ".join(sorted(rules.book)) or "none", db)
+    log.info("fleet: watching %s on %s; rules: %s; alert state in %s",
+             f"cluster{'s' if len(clusters) > 1 else ''} {', '.join(clusters)}" if clusters else "every cluster",
+             settings.url, ", ".join(sorted(rules.book)) or "none", db)
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(dispatcher.run(), name="nvmon.fleet.hooks")
             tg.create_task(alerts.persist_loop(), name="nvmon.fleet.persist")
             tg.create_task(log_drops(state, cfg.fleet.log_drops_every_s), name="nvmon.fleet.drops")
-            async with subscribed(settings, state, cluster=cluster) as sub, \
-                    listening(settings, alerts.shared, cluster=cluster):
+            async with subscribed(settings, state, clusters=clusters) as sub, contextlib.AsyncExitStack() as stack:
+                # Shared acks and silences: one listener per watched cluster (or one for every cluster).
+                for c in clusters or (None,):
+                    await stack.enter_async_context(listening(settings, alerts.shared, cluster=c))
                 await _evaluate_loop(alerts, state, sub, clock)
     except asyncio.CancelledError:
         pass

@@ -1,5 +1,5 @@
-"""Feed a `FleetState` from MQTT: subscribe to one cluster's topic tree (or all), apply every
-message, reconnect forever.
+"""Feed a `FleetState` from MQTT: subscribe to one cluster's topic tree, a list of clusters'
+(`clusters=`, nvmon fleet --cluster a,b), or every cluster's; apply every message, reconnect forever.
 
 The TUI header and its "broker lost" banner read `status` (connected, messages/s, dropped, last
 error); `nvmon fleet` reads the same. Run `await FleetSubscriber(...).run()` as a task and cancel
@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -98,17 +98,22 @@ class _Load:
 
 
 class FleetSubscriber:
-    """Subscribes `state` to `cluster` (None: every cluster) on the broker of `settings`;
+    """Subscribes `state` to `cluster`, or to each of `clusters`, on the broker of `settings` (neither:
+    every cluster);
     `controls(topic, payload)`, if given, gets the cluster's control messages (it must not raise;
     `nvmon.alerts.shared.SharedControls.apply` does not)."""
 
     def __init__(self, settings: MqttSettings, state: FleetState, *, cluster: str | None = None,
-                 backoff: Backoff = Backoff(), clock: Callable[[], float] = time.time, sweep_every_s: float = 1.0,
-                 max_delay_s: float = 0.25, controls: Callable[[str, bytes], object] | None = None):
+                 clusters: Sequence[str] | None = None, backoff: Backoff = Backoff(),
+                 clock: Callable[[], float] = time.time, sweep_every_s: float = 1.0, max_delay_s: float = 0.25,
+                 controls: Callable[[str, bytes], object] | None = None):
         self.settings, self.state, self.backoff, self.clock = settings, state, backoff, clock
-        self.filter = subscription(cluster)  # ValueError on a bad cluster name
+        # Several clusters (nvmon fleet --cluster a,b): one filter each on the one connection.
+        watched = tuple(dict.fromkeys(clusters)) if clusters else (cluster,)
+        self.filters = tuple(subscription(c) for c in watched)  # ValueError on a bad cluster name
+        self.filter = ", ".join(self.filters)  # for status lines and the log
         self.controls = controls
-        self.controls_filter = control_subscription(cluster) if controls is not None else None
+        self.controls_filters = tuple(control_subscription(c) for c in watched) if controls is not None else ()
         # Unique per process: two views on one desk must not take each other's session over.
         self.client_id = f"nvmon-fleet-{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self.sweep_every_s, self.max_delay_s = sweep_every_s, max_delay_s
@@ -140,9 +145,8 @@ class FleetSubscriber:
 
     async def _subscribe(self, client) -> None:
         # QoS 1: retained status/inventory/alerts arrive at least once; samples stay QoS 0.
-        await client.subscribe(self.filter, qos=1)
-        if self.controls_filter is not None:
-            await client.subscribe(self.controls_filter, qos=1)
+        for f in self.filters + self.controls_filters:
+            await client.subscribe(f, qos=1)
 
     async def _connected(self, client) -> None:
         log.info("fleet: subscribed to %s on %s", self.filter, self.settings.url)
