@@ -95,6 +95,12 @@ async def test_cursor_stays_in_view_after_refilter_and_end():
         assert t.scroll_offset.y <= 200 < t.scroll_offset.y + t.scrollable_content_region.height - 1
         await pilot.press("home")
         assert t.cursor_row == 0 and t.scroll_offset.y == 0
+        # a wheel scroll away from the cursor stays put when the rows are re-sorted (a tick)
+        t.scroll_to(y=100, animate=False, immediate=True)
+        await pilot.pause()
+        t.resort(app.now())
+        await pilot.pause()
+        assert t.cursor_row == 0 and t.scroll_offset.y == 100
         await pilot.press("p")
         app.screen.action_problems()
         t.action_cursor(10**9)

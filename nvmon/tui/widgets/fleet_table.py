@@ -271,6 +271,8 @@ class FleetTable(ScrollView, can_focus=True):
 
     def _reorder(self, now: float) -> None:
         current = self._cursor_key()
+        top = self.scroll_offset.y  # follow the cursor only if it was on screen (not after a wheel scroll)
+        followed = top <= self.cursor_row < top + max(1, self.scrollable_content_region.height - 1)
         order = self._ordered_nodes()
         if self.grouped:
             grouped: list[str] = []
@@ -297,7 +299,8 @@ class FleetTable(ScrollView, can_focus=True):
         self.cursor_row = max(0, min(self.cursor_row, len(order) - 1))
         # The scroll limits follow the new row count only after the next layout: show the cursor
         # again then (a cursor moved at once, e.g. End right after `p`, would be off screen).
-        self.call_after_refresh(self._show_cursor)
+        if followed:
+            self.call_after_refresh(self._show_cursor)
         self.refresh()
 
     def _fit_virtual(self, height: int | None = None) -> None:
@@ -387,6 +390,7 @@ class FleetTable(ScrollView, can_focus=True):
     def watch_cursor_row(self, old: int, new: int) -> None:
         self.refresh()
         self._show_cursor()
+        self.call_after_refresh(self._show_cursor)  # again once a new row count is laid out
 
     def _show_cursor(self) -> None:
         """Scroll so that the cursor's row is on screen (forced: right after a reorder the scroll
