@@ -260,7 +260,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("links", "Links", 10, c_links, s_links,
            "NVLink links up / expected; ✗ pairs / partial: not all-to-all, ✗ fabric: the GPU fabric is not "
            "usable, ⚠ err N/s: error counters rising"),
-    Column("pcie", "PCIe", 10, c_pcie, s_pcie, "the GPU PCIe link the node's audit found short (⚠ x8 GPU4), else the lowest"),
+    Column("pcie", "PCIe", 10, c_pcie, s_pcie,
+           "the GPU PCIe link the node's audit found short (⚠ x8 GPU4), else the lowest"),
     Column("ib", "IB", 9, c_ib, s_ib, "IB ports up / expected; ⚠ 100G: the slowest port, when a rate is a finding; "
            "+Neth: ports in Ethernet mode"),
     Column("power", "GPU kW", 9, c_power, _judged_num("power", "power_w"),

@@ -81,8 +81,8 @@ class FleetScreen(Screen):
         line.append(f" · sort {col.label} {'▼' if t.reverse else '▲'} {order_words(col, t.reverse)}", DIM)
         first, last = t.columns_shown()
         if t.max_scroll_x:  # some columns are off screen: say which are shown, and how to reach the rest
-            line.append(f" · cols {first}-{last}/{len(COLUMN_KEYS)} "
-                        f"{'←' if t.scroll_offset.x else ''}{'→' if t.scroll_offset.x < t.max_scroll_x else ''}", DIM)
+            arrows = ("←" if t.scroll_offset.x else "") + ("→" if t.scroll_offset.x < t.max_scroll_x else "")
+            line.append(f" · cols {first}-{last}/{len(COLUMN_KEYS)} {arrows}", DIM)
         if t.grouped:
             line.append(" · by rack", DIM)
         if t.problems_only:
