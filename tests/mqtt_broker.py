@@ -90,7 +90,11 @@ class Broker:
     a test tells a re-announcement from a leftover."""
 
     def __init__(self, workdir: Path, *, users: dict[str, str] | None = None, tls: TlsFiles | None = None,
-                 require_certificate: bool = False, port: int | None = None, acl: str | None = None):
+                 require_certificate: bool = False, port: int | None = None, acl: str | None = None,
+                 config: str | None = None):
+        """`config`: a broker's own settings (listener on `port`, authentication, ACL, TLS: e.g. the
+        shipped systemd/mosquitto/nvmon.conf with its paths moved), used instead of those built from
+        `users`, `acl` and `tls`; `tls` then only tells `url` that the listener is mqtts."""
         if MOSQUITTO is None:
             pytest.skip("mosquitto binary not installed")
         self.dir = Path(workdir) / f"mosquitto-{id(self):x}"
@@ -98,10 +102,16 @@ class Broker:
         self.port = port or free_port()
         self.tls = tls
         self.log = self.dir / "mosquitto.log"
-        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "log_dest file " + str(self.log),
+        lines = ["persistence false", "log_dest file " + str(self.log),
                  "log_type error", "log_type warning", "log_type notice", "log_type information"]
         if os.geteuid() == 0:
             lines.append("user root")  # else mosquitto drops to its own user and cannot read our 0700 tmp dirs
+        if config is not None:
+            self.conf = self.dir / "mosquitto.conf"
+            self.conf.write_text("\n".join(lines) + "\n" + config)
+            self.proc = None
+            return
+        lines.insert(0, f"listener {self.port} 127.0.0.1")
         if users is not None:
             pw = self.dir / "passwd"
             pw.write_text("".join(password_line(u, p) + "\n" for u, p in users.items()))
@@ -250,3 +260,25 @@ class Recorder:
 
     async def wait_for(self, kind: str, pred=lambda m: True, timeout: float = 5.0) -> Received:
         return await wait_until(lambda: next((m for m in self.on(kind) if pred(m)), None), timeout, f"a {kind} message")
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "systemd" / "mosquitto"
+
+
+def shipped_broker(workdir: Path, *, passwd: Path, tls: TlsFiles, acl: Path | None = None) -> Broker:
+    """A Broker running the shipped systemd/mosquitto/nvmon.conf as written, but for where things
+    are: its listener on a free loopback port, its password file `passwd`, its ACL `acl` (default:
+    the shipped nvmon.acl) and the test's TLS files in place of /etc/mosquitto/…. Each of those
+    lines must be in the file, so a test cannot pass on a config that drifted from what it checks."""
+    port = free_port()
+    moves = {"listener 8883": f"listener {port} 127.0.0.1",
+             "password_file /etc/mosquitto/nvmon.passwd": f"password_file {passwd}",
+             "acl_file /etc/mosquitto/nvmon.acl": f"acl_file {acl or SHIPPED / 'nvmon.acl'}",
+             "cafile /etc/mosquitto/certs/ca.pem": f"cafile {tls.ca}",
+             "certfile /etc/mosquitto/certs/server.pem": f"certfile {tls.server_cert}",
+             "keyfile /etc/mosquitto/certs/server.key": f"keyfile {tls.server_key}"}
+    lines = (SHIPPED / "nvmon.conf").read_text().splitlines()
+    for old, new in moves.items():
+        assert old in lines, f"systemd/mosquitto/nvmon.conf has no line {old!r}"
+        lines[lines.index(old)] = new
+    return Broker(workdir, port=port, tls=tls, config="\n".join(lines) + "\n")
