@@ -234,3 +234,12 @@ async def test_scrollbar_thumbs_are_whole_cells():
             text = "".join(seg.text for seg in app.console.render(bar.render(), options))
             assert text.strip() == "" and len(text) >= bar.size.height, repr(text)
             await pilot.press("pagedown")
+
+
+async def test_alerts_ack_silence_column_on_screen_when_wide():
+    app = make_app(shared_showcase())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("a", "x")
+        await pilot.pause()
+        lines = screen_text(app)
+        assert lines[2].split()[-3:] == ["Ack", "/", "silence"] and lines[3].endswith("muted (local)")

@@ -29,10 +29,12 @@ NOT_CONNECTED = "no broker: marked in this view only"
 TITLE = "alerts"
 # (key, label, most width). Columns are as wide as what they show, Summary takes the rest of the screen
 # (cut with "…": the line under the table has all of it), and Ack / silence comes after it, there only
-# while some alert has a mark (the State column ends in `ack` / `muted` too).
+# while some alert has a mark (the State column ends in `ack` / `muted` too), off to the right on a
+# narrow screen.
 COLUMNS = (("sev", "Sev", 6), ("node", "Node", 14), ("code", "Code", 18), ("where", "Where", 12),
            ("state", "State", 18), ("summary", "Summary", 0), ("shared", "Ack / silence", 32))
 SUMMARY_MIN = 16
+SUMMARY_WIDE = 40  # Ack / silence is on screen beside Summary when Summary keeps at least this much
 SILENCE_S = 2 * 3600.0  # `x`: silence the selected alert's node + code this long
 
 
@@ -112,7 +114,10 @@ class AlertsScreen(Screen):
             widths[key] = min(most, max([len(label), *(cell_len(c[key][0]) for c in cells)]))
         before = [k for k in widths if k != "shared"]  # Ack / silence goes after Summary, off to the right
         used = sum(widths[k] for k in before) + 2 * t.cell_padding * (len(before) + 1) + 1  # + a 1-column scrollbar
-        widths["summary"] = max(SUMMARY_MIN, (t.size.width or self.app.size.width) - used)
+        rest = (t.size.width or self.app.size.width) - used
+        if shared and rest - widths["shared"] - 2 * t.cell_padding >= SUMMARY_WIDE:
+            rest -= widths["shared"] + 2 * t.cell_padding  # room for both: Ack / silence on screen too
+        widths["summary"] = max(SUMMARY_MIN, rest)
         layout = tuple((k, widths[k]) for k, _, _ in COLUMNS if k in widths)
         if layout == self._layout and t.columns:
             return False
