@@ -139,6 +139,38 @@ def test_two_instances_are_one_alert_in_alertmanager_and_either_one_resolves_it(
         assert f2.proc.returncode == 0
 
 
+def test_a_shared_ack_of_one_twins_episode_acks_the_others():
+    """Twins judge one fault on their own clocks (starts 0.7 s apart here); an ack shared on the
+    broker for one's episode (keyed by fingerprint and start) acks the other's too, through the
+    same SharedControls path nvmon fleet listens with. An ack of an older episode does not."""
+    from test_fleet_rules import C, T0, node_up, offline, setup
+
+    from nvmon.alerts.shared import shared_ack
+    from nvmon.wire.contract import control_topic
+    from nvmon.wire.control import controls_payload, empty
+
+    twins = [setup(), setup()]
+    for i, (state, alerts, _) in enumerate(twins):
+        node_up(state, "n1", T0)
+        offline(state, "n1", T0 + 3)
+        alerts.evaluate(state, T0 + 3.2 + 0.7 * i)
+    (a,), (b,) = (t[1].active() for t in twins)
+    assert a.fingerprint == b.fingerprint and a.labels == b.labels and round(b.starts_at - a.starts_at, 3) == 0.7
+    assert [r.fingerprint for t in twins for r in t[2].sent] == [a.fingerprint] * 2  # same dedup key
+
+    def share(starts_at: float) -> None:
+        payload = controls_payload(shared_ack(a.fingerprint, starts_at, T0 + 10, "sre")(empty(C, T0 + 10)))
+        for _, alerts, _ in twins:
+            assert alerts.shared.apply(control_topic(C), payload)
+            alerts.clock = lambda: T0 + 11
+            alerts.apply_controls()
+
+    share(a.starts_at - 60)  # another episode of the same alert, long over: not this one's
+    assert [t[1].active()[0].acked_at for t in twins] == [None, None]
+    share(a.starts_at)  # acked through twin a's view of it
+    assert [t[1].active()[0].acked_at for t in twins] == [T0 + 10, T0 + 10]
+
+
 def test_cluster_lists_bad_input_is_one_line(tmp_path):
     from click.testing import CliRunner
 

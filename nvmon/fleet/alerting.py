@@ -23,6 +23,11 @@ same way: one warning instead of a page per node.
 Forgotten nodes: a node whose retained status was cleared (`nvmon forget`) leaves the state; its
 alerts end at once in the database, logged, not paged (a resolved node.offline would read "back").
 
+Two instances of one cluster (HA): the same conditions give the same fingerprints and labels
+(nothing of the instance is in them), so Alertmanager and PagerDuty see one alert. Their episode
+starts differ by a second or so; a shared ack of one's episode is taken by the other's episode of
+the same fingerprint starting within ACK_MATCH_S (`_twin_acks`).
+
 Restart: active episodes are read back from the database before the first evaluation, so an alert
 still firing stays firing without a second page (AlertEngine.restore).
 """
@@ -47,6 +52,7 @@ log = logging.getLogger("nvmon.fleet")
 
 CONTROLS_EVERY_S = 2.0  # acks and silences made with `nvmon alerts --db FLEET_DB` honoured within this
 MAINTAIN_EVERY_S = 600.0  # prune resolved episodes past the retention
+ACK_MATCH_S = 5.0  # an ack of the same alert's episode that started this close to ours is ours (HA twins)
 
 
 class _PlaceRules:
@@ -78,6 +84,27 @@ def _hold_none(r: AlertRecord) -> bool:
 
 def _hold_but_feed(r: AlertRecord) -> bool:
     return r.code != "fleet.feed_stalled"
+
+
+def _twin_acks(acks: dict[tuple[str, int], float], by_fp: dict[str, list[tuple[int, float]]],
+               active: list[AlertRecord]) -> dict[tuple[str, int], float]:
+    """`acks` plus, for each active episode not acked as itself, the ack of an episode of the same
+    fingerprint that started within ACK_MATCH_S of it. Two instances of one cluster (HA) judge the
+    same fault with starts a second or so apart (each evaluates on its own clock); an ack is keyed
+    by (fingerprint, episode start), so without this an ack shared for one instance's episode would
+    not reach the other's, which would go on re-paging. Episodes of one fingerprint start at least
+    for_s + clear_s apart (30 s and more by default), so a nearby start is the same episode."""
+    out = acks
+    for r in active:
+        own = round(r.starts_at * 1000)
+        if (r.fingerprint, own) in acks or r.fingerprint not in by_fp:
+            continue
+        near = [(abs(ms - own), at) for ms, at in by_fp[r.fingerprint] if abs(ms - own) <= ACK_MATCH_S * 1000]
+        if near:
+            if out is acks:
+                out = dict(acks)
+            out[(r.fingerprint, own)] = min(near)[1]
+    return out
 
 
 def describe(r: AlertRecord) -> str:
@@ -189,8 +216,11 @@ class FleetAlerts:
 
     def set_controls(self, acks, silences) -> None:
         self._acks, self._silences = dict(acks), tuple(silences)
+        by_fp: dict[str, list[tuple[int, float]]] = {}
+        for (fp, start_ms), at in self._acks.items():
+            by_fp.setdefault(fp, []).append((start_ms, at))
         for eng in self.engines.values():
-            eng.set_controls(self._acks, self._silences)
+            eng.set_controls(_twin_acks(self._acks, by_fp, eng.active()), self._silences)
 
     def apply_controls(self) -> None:
         """The database's and the shared acks/silences to every engine; the active alerts and the
