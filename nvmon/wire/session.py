@@ -16,6 +16,9 @@ way lives here, once:
   WARNING, the way back as "connected again"; anything but broker trouble (a bug) once with its
   traceback, then like any repeat. With `quiet` all of it goes to DEBUG (the load generator runs a
   thousand sessions and reports their sum);
+- the warning: a broker that let this client in with no username (and no client certificate) is
+  open to anyone, and a password over plain mqtt:// is readable on the wire; either is said once
+  per process and broker (one WARNING line, not one per reconnect or per session: `exposure`);
 - the counts: `stats` (connected, since, connects, errors, last error and when);
 - cancel safety: a cancel that aiomqtt swallowed (Python 3.11, see `nvmon.aio.raise_if_cancelled`)
   still stops it; cancelled while connected, it publishes the `goodbye` message (≤ 0.8 s) and
@@ -39,6 +42,9 @@ from nvmon.wire.mqtt import BROKER_ERRORS, Backoff, MqttSettings, describe_error
 
 GOODBYE_S = 0.8  # a clean stop's last message must not hold the stop up (a lost node gets the will)
 DISCONNECT_S = 0.5  # the DISCONNECT handshake when dropping a connection
+SECURING = 'docs/install.md, "Securing nvmon"'
+
+_warned: set[tuple[str, str | None]] = set()  # (url, username) already warned about in this process
 
 Message = tuple[str, bytes]  # (topic, payload), published retained at QoS 1
 Work = Callable[[Any], Awaitable[None]]
@@ -101,6 +107,8 @@ class MqttSession:
         raises is logged as a bug, and the session reconnects all the same.
         """
         attempt = 0
+        if self.settings.password_file is not None:  # the password is about to travel: say so first
+            self._warn_exposed()
         while True:
             before, no = self._connects, False
             try:
@@ -135,6 +143,7 @@ class MqttSession:
             self.client, self._since = client, self.clock()
             self._connects += 1
             self._log_connected()
+            self._warn_exposed()  # after the first connection: the broker did let an anonymous client in
             await on_connect(client)
             self._log(logging.DEBUG, "%s %s: session ended; connecting again", self.what, self.settings.url)
         except asyncio.CancelledError:
@@ -148,6 +157,18 @@ class MqttSession:
 
     def _log(self, level: int, msg: str, *args, exc_info: BaseException | None = None) -> None:
         self.log.log(logging.DEBUG if self.quiet else level, msg, *args, exc_info=exc_info)
+
+    def _warn_exposed(self) -> None:
+        why = self.settings.exposure()
+        key = (self.settings.url, self.settings.username)
+        if why is None or self.quiet or key in _warned:
+            return
+        _warned.add(key)
+        if self.settings.username is None:
+            hint = "anyone who reaches it may publish as any node or silence alerts; give each client an account"
+        else:
+            hint = "use an mqtts:// broker"
+        self.log.warning("%s %s: %s; %s (%s)", self.what, self.settings.url, why, hint, SECURING)
 
     def _log_connected(self) -> None:
         who = self.settings.client_id or self.client_id

@@ -1,0 +1,104 @@
+"""nvmon says at start-up, once, when its broker connection is open to abuse (nvmon.wire.session,
+MqttSettings.exposure): a broker that lets it in without a login (anyone may then write as any
+node or silence alerts), or a password sent over plain mqtt://. One WARNING line per process and
+broker, whatever the reconnects and however many sessions share the settings; none with TLS and a
+login. Real Mosquitto; in-process sessions and the real `nvmon fleet` / `nvmon daemon`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import uuid
+
+from mqtt_broker import Broker, make_tls, needs_mosquitto, needs_openssl, wait_until
+
+from nvmon import aio
+from nvmon.wire.mqtt import Backoff, MqttSettings
+from nvmon.wire.session import MqttSession
+
+pytestmark = needs_mosquitto
+
+FAST = Backoff(initial_s=0.05, max_s=0.3, refused_initial_s=0.05, refused_max_s=0.3)
+LOG = logging.getLogger("nvmon.test.warnings")
+SECTION = 'docs/install.md, "Securing nvmon"'
+
+
+async def idle(client) -> None:
+    await client.subscribe("t/#", qos=1)
+    async for _ in client.messages:
+        pass
+
+
+def session(settings: MqttSettings) -> MqttSession:
+    return MqttSession(settings, client_id="t-" + uuid.uuid4().hex[:8], log=LOG, what="test", backoff=FAST)
+
+
+def warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOG.name and r.levelno == logging.WARNING
+            and SECTION in r.getMessage()]
+
+
+async def test_an_anonymous_broker_is_said_once_across_reconnects_and_sessions(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    with Broker(tmp_path) as broker:
+        settings = MqttSettings(url=broker.url, keepalive_s=2, timeout_s=2)
+        a, b = session(settings), session(settings)  # e.g. nvmon fleet's subscriber and its controls
+        async with aio.running(a.run(idle), name="a"), aio.running(b.run(idle), name="b"):
+            await wait_until(lambda: a.connected and b.connected, 5, "both connected")
+            broker.restart()
+            await wait_until(lambda: a.stats.connects == 2 and b.stats.connects == 2, 10, "both back")
+    assert warnings(caplog) == [f"test {broker.url}: connected without a username or client certificate: the "
+                                "broker is unauthenticated; anyone who reaches it may publish as any node or "
+                                f"silence alerts; give each client an account ({SECTION})"]
+
+
+async def test_a_password_over_plain_mqtt_is_said_before_it_travels(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    pw.chmod(0o600)
+    with Broker(tmp_path, users={"gpu-001": "s3cret"}) as broker:
+        s = session(MqttSettings(url=broker.url, username="gpu-001", password_file=str(pw), timeout_s=2))
+        async with aio.running(s.run(idle), name="s"):
+            await wait_until(lambda: s.connected, 5, "connected")
+            broker.restart()
+            await wait_until(lambda: s.stats.connects == 2, 10, "back")
+    assert warnings(caplog) == [f"test {broker.url}: the password of user 'gpu-001' travels unencrypted "
+                                f"(mqtt://, no TLS); use an mqtts:// broker ({SECTION})"]
+    first_attempt = next(i for i, r in enumerate(caplog.records) if "connected as" in r.getMessage())
+    assert SECTION in caplog.records[first_attempt - 1].getMessage()  # said before the password went out
+
+
+@needs_openssl
+async def test_tls_and_a_login_say_nothing(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=LOG.name)
+    tls = make_tls(tmp_path / "tls")
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    pw.chmod(0o600)
+    with Broker(tmp_path, users={"gpu-001": "s3cret"}, tls=tls) as broker:
+        s = session(MqttSettings(url=broker.url, username="gpu-001", password_file=str(pw), ca_file=str(tls.ca)))
+        async with aio.running(s.run(idle), name="s"):
+            await wait_until(lambda: s.connected, 5, "connected")
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_nvmon_fleet_on_an_anonymous_broker_warns_once(tmp_path):
+    with Broker(tmp_path) as broker:
+        log = tmp_path / "fleet.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "nvmon", "fleet", "--broker", broker.url, "--cluster", "c1",
+                                     "--db", str(tmp_path / "fleet.db")], stdout=out, stderr=out)
+            try:
+                await wait_until(lambda: "subscribed to" in log.read_text(), 20, "the fleet subscribed")
+                broker.restart()
+                await wait_until(lambda: log.read_text().count("subscribed to") >= 2, 20, "subscribed again")
+            finally:
+                proc.terminate()
+                assert proc.wait(10) == 0
+    text = log.read_text()
+    lines = [ln for ln in text.splitlines() if "unauthenticated" in ln]
+    assert len(lines) == 1 and "WARNING" in lines[0] and SECTION in lines[0], text
+    assert "Traceback" not in text
