@@ -103,7 +103,7 @@ async def test_own_keys_are_confirmed_by_the_shared_set_and_garbage_is_counted(t
         app = NvmonApp(MqttSettings(url=broker.url), cluster="t", source="controls test", refresh_s=0.1)
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(lambda: app.subscriber.status.connected, 10, "the subscriber")
-            assert app.subscriber.controls_filter == control_topic("t")
+            assert app.subscriber.controls_filters == (control_topic("t"),)
             await pilot.press("a")
             await wait_until(lambda: len(cells(app)) == 2, 10, "the node's alerts")
             assert "alerts · 0 silences" in header(app)
