@@ -6,13 +6,17 @@ itself (a full queue drops that hook's newest alerts, counted and logged once pe
 Per hook: filters (`on`, `min_severity`), grouping (`group_wait_s` / `group_by`: alerts of one
 status and group that arrive within the wait go out as one notification), a repeat interval for
 alerts still firing, retries with exponential backoff and jitter (a server's Retry-After wins),
-and statistics. Kinds with `keep_alive_s` (Alertmanager's API) re-send every firing alert at that
+and statistics. Each notification has its own retry schedule: while one waits for its next
+attempt the others go (a resolve never waits behind another alert's failing firing, only behind
+at most one attempt in flight), and a resolve supersedes its alert's firing still waiting. Every
+notification is written to the outbox (`hook_outbox`, with the daemon's `<db>.outbox`) before
+its first attempt and removed when delivered or given up, so a stop or crash loses none. Kinds with `keep_alive_s` (Alertmanager's API) re-send every firing alert at that
 interval, acked or not, so that Alertmanager does not resolve it by itself; kinds with
 `sends_acks` (PagerDuty) get an `acknowledged` notification when someone acks an alert they paged.
 
 Wiring (daemon or fleet aggregator):
 
-    dispatcher = HookDispatcher(cfg.hooks)          # cfg.hooks: validated HookConfig tuple
+    dispatcher = HookDispatcher(cfg.hooks, outbox=Outbox(path))  # validated HookConfigs; outbox optional
     for problem in dispatcher.check():              # missing secret files etc., one line each
         log.warning(problem)
     tg.create_task(dispatcher.run(), name="hooks")  # stops when cancelled
@@ -35,6 +39,8 @@ import httpx
 
 from nvmon.aio import raise_if_cancelled
 from nvmon.alerts.hook_delivery import DeliveryError, Hook, make_client
+from nvmon.alerts.hook_outbox import Outbox, Pending
+from nvmon.alerts.hook_retry import Deliveries
 from nvmon.alerts.hook_payloads import group_labels
 from nvmon.alerts.hooks import HOOK_STATUSES, HookConfig, HookConfigError, check_hooks
 from nvmon.alerts.model import AlertRecord
@@ -87,19 +93,19 @@ class _Ack:
 
 
 class _Worker:
-    """Delivers one hook's notifications, one at a time, in order."""
+    """Makes one hook's notifications (intake) and delivers them one attempt at a time, each on its
+    own retry schedule."""
 
-    def __init__(self, hook: Hook, queue_size: int, backoff: Backoff):
+    def __init__(self, hook: Hook, queue_size: int, backoff: Backoff, outbox: Outbox):
         self.hook = hook
+        self.outbox = outbox
+        self.deliveries = Deliveries(hook, backoff, outbox)
         self.cfg: HookConfig = hook.config
         self.queue: asyncio.Queue[AlertRecord | _Ack | None] = asyncio.Queue(maxsize=queue_size)
         self.backoff = backoff
-        self.sent = self.failed = self.dropped = 0
-        self.last_error: str | None = None
-        self.last_sent_at: float | None = None
+        self.dropped = 0
         self._overflowing = False
         self.draining = False  # stopping: deliver grouped alerts now instead of at their deadline
-        self.delivering = False
         self._ready: deque[_Batch] = deque()
         self._groups: dict[tuple, _Batch] = {}
         self._firing: dict[str, _Firing] = {}
@@ -187,8 +193,8 @@ class _Worker:
 
     @property
     def idle(self) -> bool:
-        """Nothing queued, grouped or being delivered (repeats of firing alerts do not count)."""
-        return self.queue.empty() and not self._ready and not self._groups and not self.delivering
+        """Nothing queued, grouped or waiting for delivery (repeats of firing alerts do not count)."""
+        return self.queue.empty() and not self._ready and not self._groups and not self.deliveries.pending
 
     def _next_due(self, now: float) -> float | None:
         """Seconds until something is due (0: now), None if nothing is scheduled."""
@@ -226,17 +232,24 @@ class _Worker:
             out.extend(repeats.values())
         return out
 
-    # -- the loop --
+    # -- the loop: intake (queue → batches → outbox) and delivery (one schedule per notification) --
 
     async def run(self, client: httpx.AsyncClient) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._intake_loop(), name=f"hook-{self.hook.name}-intake")
+            tg.create_task(self.deliveries.run(client), name=f"hook-{self.hook.name}-deliver")
+
+    async def _intake_loop(self) -> None:
+        """Turn queued transitions into notifications as they come (or when their group's wait
+        or repeat is due) and write each to the outbox: never held up by a delivery."""
         loop = asyncio.get_running_loop()
         while True:
             try:
                 delay = self._next_due(loop.time())
-                rec: AlertRecord | None = None
+                rec: AlertRecord | _Ack | None = None
                 try:
                     async with asyncio.timeout(delay):
-                        rec = await self.queue.get()  # None: a wake-up from drain()
+                        rec = await self.queue.get()  # None: a wake-up from drain() or sync()
                 except TimeoutError:
                     pass
                 raise_if_cancelled()
@@ -245,66 +258,36 @@ class _Worker:
                     self._accept(rec, now)
                     rec = None if self.queue.empty() else self.queue.get_nowait()
                 self._overflowing = False
-                self.delivering = True
-                try:
-                    for batch in self._due(now):
-                        await self._deliver(client, batch)
-                finally:
-                    self.delivering = False
+                for batch in self._due(now):
+                    self._schedule(batch, now)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug here must not stop this hook for good, nor the daemon
                 log.exception("hook %s: internal error; continuing", self.hook.name)
                 await asyncio.sleep(1.0)
 
-    async def _deliver(self, client: httpx.AsyncClient, batch: _Batch) -> None:
+    def _schedule(self, batch: _Batch, now: float) -> None:
+        """A due batch becomes one notification per request (PagerDuty: one per alert), each
+        written to the outbox before its first attempt, due now."""
         records = list(batch.records.values())
         if self.hook.kind.whole_group:
             # Alertmanager sends a group's whole state each time: every alert still firing in the
             # group rides along, so receivers keyed on groupKey see the full set.
             group = tuple(batch.labels.values())
             records += [f.record for fp, f in self._firing.items() if f.group == group and fp not in batch.records]
+        if batch.status == "resolved":
+            self.deliveries.supersede({r.fingerprint for r in batch.records.values()})
         parts = [[r] for r in records] if self.hook.one_alert_per_delivery else [records]
         for part in parts:
-            await self._send(client, batch, part, min(len(part), len(batch.records)))
-
-    async def _send(self, client: httpx.AsyncClient, batch: _Batch, records: list[AlertRecord], n: int) -> None:
-        """Deliver with retries; `n`: how many of `records` this batch is about (the stats' unit)."""
-        hook, retries = self.hook, self.cfg.retries
-        err: DeliveryError | None = None
-        for attempt in range(retries + 1):
-            try:
-                result = await hook.deliver(client, batch.status, batch.labels, records, batch.grouped)
-            except DeliveryError as e:
-                if e.partial:  # some of several servers have it; the next re-send reaches the rest
-                    self.sent += n
-                    self.last_sent_at = time.time()
-                    self.last_error = str(e)
-                    log.warning("hook %s: %d %s alert(s) delivered in part: %s", hook.name, n, batch.status, e)
-                    return
-                err = e
-            except Exception as e:  # a payload bug (e.g. a value that is not JSON-able): no retry
-                log.debug("hook %s: delivery raised", hook.name, exc_info=True)
-                err = DeliveryError(hook.redact(f"internal error: {type(e).__name__}: {e}"), retryable=False)
-            else:
-                self.sent += n
-                self.last_sent_at = time.time()
-                again = f" after {attempt + 1} attempts" if attempt else ""
-                log.info("hook %s: %d %s alert(s) delivered%s (%s)", hook.name, n, batch.status, again, result)
-                return
-            if not err.retryable or attempt == retries:
-                break
-            delay = err.retry_after if err.retry_after is not None else self.backoff.delay(attempt)
-            log.debug("hook %s: attempt %d failed: %s; next in %.1f s", hook.name, attempt + 1, err, delay)
-            await asyncio.sleep(delay)
-        self.failed += n
-        self.last_error = str(err)
-        log.warning("hook %s: %d %s alert(s) not delivered after %d attempt(s): %s", hook.name, n, batch.status,
-                    attempt + 1, err)
+            p = Pending(None, self.hook.name, batch.status, batch.labels, part, batch.grouped,
+                        min(len(part), len(batch.records)), time.time())
+            self.outbox.add(p)
+            self.deliveries.add(p, now)
 
     def stats(self) -> HookStats:
-        return HookStats(self.hook.name, self.cfg.type, self.hook.target, self.sent, self.failed, self.dropped,
-                         self.queue.qsize(), self.last_error, self.last_sent_at)
+        d = self.deliveries
+        return HookStats(self.hook.name, self.cfg.type, self.hook.target, d.sent, d.failed, self.dropped,
+                         self.queue.qsize() + len(d.pending), d.last_error, d.last_sent_at)
 
 
 class HookDispatcher:
@@ -312,9 +295,12 @@ class HookDispatcher:
     `run()` does the work until cancelled (put it in the daemon's TaskGroup)."""
 
     def __init__(self, hooks: Iterable[HookConfig], *, queue_size: int = DEFAULT_QUEUE_SIZE,
-                 backoff: Backoff = HOOK_BACKOFF, environ: Mapping[str, str] | None = None):
+                 backoff: Backoff = HOOK_BACKOFF, environ: Mapping[str, str] | None = None,
+                 outbox: Outbox | None = None):
         configs = check_hooks(tuple(hooks))  # names any unnamed hook; refuses duplicate names
-        self._workers = [_Worker(Hook(c, environ=environ), queue_size, backoff) for c in configs]
+        # Where notifications wait until delivered: the daemon's outbox file; else memory only.
+        self.outbox = outbox if outbox is not None else Outbox(None)
+        self._workers = [_Worker(Hook(c, environ=environ), queue_size, backoff, self.outbox) for c in configs]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._submit_errors = 0
 
@@ -384,6 +370,10 @@ class HookDispatcher:
         if not self._workers:
             return
         log.info("hooks: %s", ", ".join(f"{w.hook.name} ({w.cfg.type} → {w.hook.target})" for w in self._workers))
+        workers = {w.hook.name: w for w in self._workers}
+        now = self._loop.time()
+        for p in self.outbox.load(set(workers)):  # what the last run left: due now, in order
+            workers[p.hook].deliveries.add(p, now)
         try:
             async with make_client() as client, asyncio.TaskGroup() as tg:
                 for w in self._workers:
@@ -392,11 +382,12 @@ class HookDispatcher:
             for w in self._workers:  # the hooks' own TLS clients
                 with contextlib.suppress(Exception):
                     await asyncio.shield(w.hook.aclose())
+            self.outbox.close()
 
     async def drain(self, timeout_s: float) -> bool:
         """On stop, before cancelling `run()`: deliver what is queued or grouped now (retries
-        included), for at most `timeout_s`. True if everything went out; a resolve still in flight
-        when the daemon stops would otherwise leave an incident open."""
+        included), for at most `timeout_s`. True if everything went out; what did not stays in the
+        outbox for the next start (with an outbox file)."""
         if not self._workers:
             return True
         loop = asyncio.get_running_loop()
@@ -409,8 +400,9 @@ class HookDispatcher:
             if all(w.idle for w in self._workers):
                 return True
             await asyncio.sleep(0.02)
-        left = sum(w.queue.qsize() + len(w._ready) + len(w._groups) + w.delivering for w in self._workers)
-        log.warning("hooks: stopping with %d notification(s) not delivered", left)
+        left = sum(w.queue.qsize() + len(w._ready) + len(w._groups) + len(w.deliveries.pending) for w in self._workers)
+        kept = "; kept in the outbox for the next start" if self.outbox.persistent else ""
+        log.warning("hooks: stopping with %d notification(s) not delivered%s", left, kept)
         return False
 
     def stats(self) -> list[HookStats]:

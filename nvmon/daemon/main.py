@@ -17,7 +17,6 @@ retries, a missing broker never stops sampling or storing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import threading
@@ -41,7 +40,11 @@ WIRE_QUEUE = 4  # only the newest samples matter on the wire
 MAINTAIN_EVERY_S = 60.0
 FLUSH_ON_STOP_S = 1.0
 SAMPLER_JOIN_S = 0.5  # on stop: the sampler thread finishing its tick before NVML is shut down
-HOOKS_DRAIN_S = 3.0  # on stop: time for queued notifications (retries included) to go out
+# On stop, alongside the store flush: time for queued notifications to go out, then for the hooks'
+# tasks to end. Whatever is left stays in the outbox for the next start; the whole stop stays
+# within 2 s whatever the hooks do (a receiver that hangs, one that is down).
+HOOKS_DRAIN_S = 1.0
+HOOKS_CANCEL_S = 0.5
 
 
 @dataclass(slots=True)
@@ -339,8 +342,10 @@ class Daemon:
         dispatcher = None
         if self.cfg.hooks:
             from nvmon.alerts.hook_dispatch import HookDispatcher
+            from nvmon.alerts.hook_outbox import Outbox, outbox_path
 
-            dispatcher = HookDispatcher(self.cfg.hooks)
+            outbox = await asyncio.to_thread(Outbox, outbox_path(self.cfg.store.path))
+            dispatcher = HookDispatcher(self.cfg.hooks, outbox=outbox)
             for problem in dispatcher.check():  # e.g. an unreadable secret: warn, keep sampling
                 log.warning("hooks: %s", problem)
             self.notifier = dispatcher
@@ -379,18 +384,22 @@ class Daemon:
         finally:
             if not self.embedded:
                 sdnotify.stopping()
+            # The hooks drain while the store flushes (each bounded), so that the stop stays short.
+            stop_hooks = asyncio.create_task(self._stop_hooks(hooks_task)) if hooks_task is not None else None
             await self._shutdown()
-            if hooks_task is not None:
-                await self._stop_hooks(hooks_task)
+            if stop_hooks is not None:
+                await stop_hooks
         return 0
 
     async def _stop_hooks(self, task: asyncio.Task) -> None:
-        """Let the hooks deliver what is queued (≤ HOOKS_DRAIN_S), then stop them."""
+        """Let the hooks deliver what is queued (≤ HOOKS_DRAIN_S), then stop them (what is left
+        stays in the outbox)."""
         if not task.done():
             await self.notifier.drain(HOOKS_DRAIN_S)
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(task, 1.0)
+        await asyncio.wait({task}, timeout=HOOKS_CANCEL_S)  # wait_for could wait on past its timeout
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("hooks: stopped with an error: %s", task.exception())
 
     async def _shutdown(self) -> None:
         """Flush what is queued to the store (bounded time), then release hardware and files."""
