@@ -265,7 +265,8 @@ class Recorder:
 SHIPPED = Path(__file__).resolve().parent.parent / "systemd" / "mosquitto"
 
 
-def shipped_broker(workdir: Path, *, passwd: Path, tls: TlsFiles, acl: Path | None = None) -> Broker:
+def shipped_broker(workdir: Path, *, passwd: Path, tls: TlsFiles, acl: Path | None = None,
+                   conf: Path = SHIPPED / "nvmon.conf") -> Broker:
     """A Broker running the shipped systemd/mosquitto/nvmon.conf as written, but for where things
     are: its listener on a free loopback port, its password file `passwd`, its ACL `acl` (default:
     the shipped nvmon.acl) and the test's TLS files in place of /etc/mosquitto/…. Each of those
@@ -277,7 +278,7 @@ def shipped_broker(workdir: Path, *, passwd: Path, tls: TlsFiles, acl: Path | No
              "cafile /etc/mosquitto/certs/ca.pem": f"cafile {tls.ca}",
              "certfile /etc/mosquitto/certs/server.pem": f"certfile {tls.server_cert}",
              "keyfile /etc/mosquitto/certs/server.key": f"keyfile {tls.server_key}"}
-    lines = (SHIPPED / "nvmon.conf").read_text().splitlines()
+    lines = Path(conf).read_text().splitlines()
     for old, new in moves.items():
         assert old in lines, f"systemd/mosquitto/nvmon.conf has no line {old!r}"
         lines[lines.index(old)] = new

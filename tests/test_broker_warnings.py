@@ -6,7 +6,6 @@ login. Real Mosquitto; in-process sessions and the real `nvmon fleet` / `nvmon d
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import subprocess
 import sys
