@@ -346,7 +346,7 @@ def test_example_fleet_config_loads_as_shipped_and_with_every_line_switched_on(t
     full = load_fleet_config(everything)
     assert full.fleet.cluster == "prod" and full.fleet.rack_budget_kw == 12
     assert full.fleet.racks["r12"].budget_kw == 20 and full.fleet.rules["rack.power"].for_s == 120
-    assert str(full.mqtt.password_file) == "/etc/nvmon/mqtt.password" and full.mqtt.username == "nvmon-fleet"
+    assert str(full.mqtt.password_file) == "/etc/nvmon/mqtt.password" and full.mqtt.username == "@fleet"
     assert [h.type for h in full.hooks] == ["exec", "pagerduty", "alertmanager"]
     assert full.alerts.keep_resolved_d == 7
 
