@@ -24,7 +24,7 @@ import httpx
 
 from nvmon import __version__
 from nvmon.alerts.hook_kinds import HOOK_KINDS, HookKind
-from nvmon.alerts.hooks import HookConfig, HookConfigError, read_secret, redact, show_target
+from nvmon.alerts.hooks import HookConfig, HookConfigError, read_headers_file, read_secret, redact, show_target
 from nvmon.alerts.model import AlertRecord
 
 USER_AGENT = f"nvmon/{__version__}"
@@ -85,10 +85,16 @@ class Hook:
         self.kind: HookKind = HOOK_KINDS[config.type]
         self.name: str = config.name
         self._environ = environ
-        # Everything that must never be shown: the secrets read so far, and URLs (their paths
-        # often are tokens). Redaction uses them all, also after a secret file changed.
-        # (Alertmanager base URLs in `urls` carry no token: errors name them, by scheme://host only.)
+        # Everything that must never be shown: the secrets read so far, URLs (their paths and
+        # query strings often are tokens) and header values. Redaction uses them all, also after a
+        # secret file changed. (Alertmanager base URLs in `urls` carry no token in their path:
+        # errors name them by scheme://host only; a query string is hidden all the same.)
         self._hidden: list[str] = [u for u in (config.url,) if u]
+        for u in config.urls:
+            if "?" in u:
+                self._hidden.append(u.replace(u.split("?", 1)[0], "https://x", 1))  # hides its query only
+        for value in config.headers.values():
+            self._hide(value)
         self._own_client: httpx.AsyncClient | None = None  # with this hook's TLS settings, made on first use
 
     @property
@@ -137,6 +143,20 @@ class Hook:
     def redact(self, text: str) -> str:
         return redact(text, self._hidden)
 
+    def _hide(self, value: str) -> None:
+        """Keep `value` (a header's) out of anything shown; values under 4 characters ("1",
+        "gpu") are no secret and would garble messages."""
+        if len(value) >= 4 and value not in self._hidden:
+            self._hidden.append(value)
+
+    def headers_file(self) -> dict[str, str]:
+        """The headers of `headers_file`, re-read each time (rotation needs no restart); their
+        values are remembered for redaction. Raises HookConfigError (one line, no value)."""
+        headers = read_headers_file(self.config)
+        for value in headers.values():
+            self._hide(value)
+        return headers
+
     def secret(self) -> str | None:
         """The current secret (re-read every time, so rotation needs no restart). Raises
         HookConfigError; remembers the value for redaction."""
@@ -182,7 +202,13 @@ class Hook:
         assert url is not None  # guaranteed by the kind's config check
         client = self.client(client)
         t = self.config.timeout_s
-        headers = {"Content-Type": "application/json", **self.config.headers, **(extra_headers or {})}
+        try:
+            from_file = self.headers_file()
+        except HookConfigError as e:
+            raise DeliveryError(str(e)) from None
+        headers = {"Content-Type": "application/json", **self.config.headers, **from_file, **(extra_headers or {})}
+        for value in (extra_headers or {}).values():  # Authorization: Basic base64(user:secret) too
+            self._hide(value)
         data = json.dumps(body, ensure_ascii=False).encode()
         try:
             # httpx's timeout is per read/write; the outer one bounds a server that drips bytes.
@@ -198,7 +224,7 @@ class Hook:
         code = resp.status_code
         if 200 <= code < 300:
             return f"HTTP {code}"
-        text = resp.text.strip()[:200]
+        text = self.redact(resp.text)[:200]  # redacted before it is cut: no half secret left over
         if 300 <= code < 400:
             msg = f"HTTP {code} {resp.reason_phrase}: redirects are not followed; configure the final URL"
         else:

@@ -10,9 +10,9 @@ and statistics. Each notification has its own retry schedule: while one waits fo
 attempt the others go (a resolve never waits behind another alert's failing firing, only behind
 at most one attempt in flight), and a resolve supersedes its alert's firing still waiting. Every
 notification is written to the outbox (`hook_outbox`, with the daemon's `<db>.outbox`) before
-its first attempt and removed when delivered or given up, so a stop or crash loses none. Kinds with `keep_alive_s` (Alertmanager's API) re-send every firing alert at that
-interval, acked or not, so that Alertmanager does not resolve it by itself; kinds with
-`sends_acks` (PagerDuty) get an `acknowledged` notification when someone acks an alert they paged.
+its first attempt and removed when delivered or given up, so a stop or crash loses none.
+Kinds with `keep_alive_s` (Alertmanager's API) re-send every firing alert at that interval,
+acked or not, so that Alertmanager does not resolve it by itself; kinds with `sends_acks` (PagerDuty) get an `acknowledged` notification when someone acks an alert they paged.
 
 Wiring (daemon or fleet aggregator):
 
@@ -315,6 +315,7 @@ class HookDispatcher:
         for w in self._workers:
             try:
                 w.hook.secret()
+                w.hook.headers_file()
                 if w.cfg.tls:
                     w.hook.tls_context()
             except (HookConfigError, DeliveryError) as e:

@@ -104,7 +104,8 @@ def _auth_keys(cfg) -> None:  # the secret as a bearer token, or as the password
 def _check_exec(cfg) -> None:
     if cfg.command is None:
         raise ValueError('exec hook needs command = ["/path/to/program", "arg", …]')
-    for key in ("url", "urls", "headers", "external_url", "username", "ca_file", "cert_file", "key_file"):
+    for key in ("url", "urls", "headers", "headers_file", "external_url", "username", "ca_file", "cert_file",
+                "key_file"):
         if getattr(cfg, key):
             raise ValueError(f"exec hook: {key} does not apply (it has command)")
 

@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
@@ -59,6 +59,7 @@ class HookConfig(BaseModel):
     urls: tuple[str, ...] = ()  # alertmanager: every Alertmanager's base URL (an HA pair gets each alert)
     timeout_s: float = Field(10.0, gt=0, le=300)
     headers: dict[str, str] = Field(default_factory=dict)
+    headers_file: Path | None = None  # more headers, `Name: value` lines (secrets: an API key header); mode 0600
     secret_file: Path | None = None
     secret_env: str | None = None
     username: str | None = None  # HTTP basic auth: this user, the secret as password (else bearer)
@@ -268,22 +269,7 @@ def read_secret(hook: HookConfig, environ: Any = None) -> str | None:
     env = os.environ if environ is None else environ
     if hook.secret_file is not None:
         where = f"hook {hook.name}: secret_file {hook.secret_file}"
-        try:
-            check_private(hook.secret_file)  # as ssh: a secret others may read is refused
-            with open(hook.secret_file, encoding="utf-8") as f:
-                value = f.read(65536).strip()
-        except LooseSecretFile as e:
-            raise HookConfigError(f"{where}: {e.strerror}") from None
-        except FileNotFoundError:
-            raise HookConfigError(f"{where}: no such file") from None
-        except PermissionError:
-            raise HookConfigError(f"{where}: permission denied") from None
-        except IsADirectoryError:
-            raise HookConfigError(f"{where}: is a directory") from None
-        except UnicodeDecodeError:
-            raise HookConfigError(f"{where}: not UTF-8 text") from None
-        except OSError as e:
-            raise HookConfigError(f"{where}: {e.strerror or type(e).__name__}") from None
+        value = _read_private(hook.secret_file, where).strip()
     elif hook.secret_env is not None:
         where = f"hook {hook.name}: secret_env {hook.secret_env}"
         value = (env.get(hook.secret_env) or "").strip()
@@ -303,13 +289,65 @@ def read_secret(hook: HookConfig, environ: Any = None) -> str | None:
     return value
 
 
+def read_headers_file(hook: HookConfig) -> dict[str, str]:
+    """The headers in the hook's `headers_file` (`Name: value` lines; blank lines and `#` comments
+    skipped), {} without one. Read at every delivery, like secrets; refused when others may read
+    it. Raises HookConfigError naming the file and line, never a value."""
+    if hook.headers_file is None:
+        return {}
+    where = f"hook {hook.name}: headers_file {hook.headers_file}"
+    out: dict[str, str] = {}
+    for n, line in enumerate(_read_private(hook.headers_file, where).splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not HEADER_RE.match(name):
+            raise HookConfigError(f"{where}: line {n}: expected 'Name: value' with a valid HTTP header name")
+        if not value or len(value) > 4096 or "\0" in value:
+            raise HookConfigError(f"{where}: line {n}: {name}: the value must be 1-4096 characters")
+        if name.lower() == "authorization" and (hook.secret_file is not None or hook.secret_env is not None):
+            raise HookConfigError(f"{where}: line {n}: the secret is sent as Authorization; drop one of them")
+        out[name] = value
+    if len(out) > 32:
+        raise HookConfigError(f"{where}: at most 32 headers")
+    return out
+
+
+def _read_private(path: Path, where: str) -> str:
+    """A secret file's text, if only its owner (and group, for another owner) may read it."""
+    try:
+        check_private(path)  # as ssh: a secret others may read is refused
+        with open(path, encoding="utf-8") as f:
+            return f.read(65536)
+    except LooseSecretFile as e:
+        raise HookConfigError(f"{where}: {e.strerror}") from None
+    except FileNotFoundError:
+        raise HookConfigError(f"{where}: no such file") from None
+    except PermissionError:
+        raise HookConfigError(f"{where}: permission denied") from None
+    except IsADirectoryError:
+        raise HookConfigError(f"{where}: is a directory") from None
+    except UnicodeDecodeError:
+        raise HookConfigError(f"{where}: not UTF-8 text") from None
+    except OSError as e:
+        raise HookConfigError(f"{where}: {e.strerror or type(e).__name__}") from None
+
+
 def redact(text: str, secrets: list[str] | tuple[str, ...]) -> str:
-    """`text` with every secret (and, for URL secrets, their path) replaced by `***`, on one line."""
-    for s in secrets:
-        if s:
-            text = text.replace(s, "***")
-            if "://" in s:
-                path = urlsplit(s).path
-                if len(path) > 1:
-                    text = text.replace(path, "/***")
+    """`text` with every secret (and, for URL secrets, their path and query string, raw and
+    decoded) replaced by `***`, on one line."""
+    for s in sorted((s for s in secrets if s), key=len, reverse=True):  # a secret inside another: the longer first
+        text = text.replace(s, "***")
+        if "://" in s:
+            u = urlsplit(s)
+            if len(u.path) > 1:
+                text = text.replace(u.path, "/***")
+            if u.query:
+                values = [v for part in u.query.split("&") for v in (part.partition("=")[2],) if v]
+                values += [v for _, v in parse_qsl(u.query)]
+                for v in sorted({u.query, *values}, key=len, reverse=True):
+                    if len(v) >= 3:
+                        text = text.replace(v, "***")
     return " ".join(text.split())
