@@ -115,6 +115,10 @@ async def test_the_section_as_written(tmp_path):
         plain = dict(line.split(":", 1) for line in (work / "nodes.plain").read_text().splitlines())
         assert sorted(plain) == ["gpu-001", "gpu-002"] and (work / "nodes.plain").stat().st_mode & 0o777 == 0o600
         assert not (work / "nodes.passwd").exists()
+        st = (etc / "mosquitto" / "nvmon.passwd").stat()  # still for the broker's group only, after the edits
+        assert st.st_mode & 0o777 == 0o640 and st.st_uid == 0
+        assert [ln.split(":", 1)[0] for ln in (etc / "mosquitto" / "nvmon.passwd").read_text().splitlines()] == [
+            "gpu-001", "gpu-002", "@ops", "@fleet", "@view"]
         view = Recorder(broker.url, "nvmon/v1/#", ca_file=str(tls.ca), username="@view", password="pw-@view")
         await wait_login(broker.url, tls.ca, "@view", "pw-@view")  # the reload made the accounts live
 
