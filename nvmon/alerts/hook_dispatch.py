@@ -12,7 +12,8 @@ at most one attempt in flight), and a resolve supersedes its alert's firing stil
 notification is written to the outbox (`hook_outbox`, with the daemon's `<db>.outbox`) before
 its first attempt and removed when delivered or given up, so a stop or crash loses none.
 Kinds with `keep_alive_s` (Alertmanager's API) re-send every firing alert at that interval,
-acked or not, so that Alertmanager does not resolve it by itself; kinds with `sends_acks` (PagerDuty) get an `acknowledged` notification when someone acks an alert they paged.
+acked or not, so that Alertmanager does not resolve it by itself; kinds with `sends_acks`
+(PagerDuty) get an `acknowledged` notification when someone acks an alert they paged.
 
 Wiring (daemon or fleet aggregator):
 
