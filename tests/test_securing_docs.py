@@ -77,7 +77,8 @@ def test_every_block_is_run_or_says_why_not():
         "# broker host (root): the configuration, the ACL, an empty password file, the TLS files",
         "# broker host: one account per node, its user name = its node name ([node] name)",
         "# broker host → each node over ssh: its password (root:nvmon 0640) and ca.pem",
-        "# operator's workstation (needs a terminal): the TUI as @ops"]
+        "# operator's workstation (needs a terminal): the TUI as @ops",
+        "# broker host, optional: each node writes under its own cluster only (here prod), not under any"]
     tui = blocks("sh", "# operator's workstation").splitlines()[-1].split()
     flags = {a for a in tui if a.startswith("--")}
     help_text = subprocess.run([sys.executable, "-m", "nvmon", "tui", "--help"], capture_output=True, text=True).stdout
@@ -146,7 +147,24 @@ async def test_the_section_as_written(tmp_path):
         text = log.read_text()
         assert "connected as" in text and "WARNING" not in text and "Traceback" not in text, text
 
-        # 4. "Secret files": the documented refusal, word for word
+        # 4. the optional per-node blocks: gpu-001 writes under prod only, no longer under any cluster
+        reloads = broker.log_text().count("Reloading config")
+        run_sh(blocks("sh", "# broker host, optional: each node writes under its own cluster"), work, root, pidfile)
+        acl = (etc / "mosquitto" / "nvmon.acl").read_text()
+        assert "\npattern write" not in acl and "\nuser gpu-001\ntopic write nvmon/v1/prod/gpu-001/+\n" in acl
+        await wait_until(lambda: broker.log_text().count("Reloading config") > reloads, 10, "the reload")
+        async with Recorder(broker.url, "nvmon/v1/#", ca_file=str(tls.ca), username="@view", password="pw-@view") as rec:
+            async with make_client(settings(broker.url, tls.ca, "gpu-001", plain["gpu-001"]), client_id="t-n") as c:
+                await c.publish("nvmon/v1/c1/gpu-001/sample", b"{}", qos=1)  # another cluster: dropped now
+                await c.publish("nvmon/v1/prod/gpu-001/sample", b"{}", qos=1)
+                await c.publish("nvmon/v1/prod/gpu-002/sample", b"{}", qos=1)  # another node: still dropped
+                await c.publish("nvmon/v1/prod/gpu-001/status", b"{}", qos=1)
+            await wait_until(lambda: len(rec.messages) >= 2, 5, "gpu-001's messages under prod")
+            await asyncio.sleep(0.2)
+        assert [m.topic for m in rec.messages if not m.retain] == ["nvmon/v1/prod/gpu-001/sample",
+                                                                   "nvmon/v1/prod/gpu-001/status"]
+
+        # 5. "Secret files": the documented refusal, word for word
         pw.chmod(0o644)
         r = subprocess.run([sys.executable, "-m", "nvmon", "daemon", "--config", str(cfg), "--node", "gpu-001",
                             "--db", str(tmp_path / "n.db"), "--sim", "hgx-h100"], capture_output=True, text=True,
