@@ -114,9 +114,11 @@ class Daemon:
         path = outbox_path(self.db)
         if not path.exists():
             return []
-        con = sqlite3.connect(path)
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             return con.execute("SELECT hook, status FROM outbox ORDER BY id").fetchall()
+        except sqlite3.OperationalError:  # the daemon is creating it right now
+            return []
         finally:
             con.close()
 
@@ -276,3 +278,28 @@ async def test_an_unwritable_outbox_is_said_once_and_hooks_carry_on(tmp_path, re
         d.submit([alert()])
         await until(lambda: stats(d, "wh").sent == 1)
     assert caplog.text.count("will not survive a restart") == 1
+
+
+async def test_repeats_while_a_receiver_is_down_do_not_pile_up(receiver):
+    receiver.mode = "down"
+    d = HookDispatcher([HookConfig(type="webhook", name="wh", url=receiver.url("/wh"), retries=10,
+                                   repeat_interval_s=0.2)], backoff=SLOW)
+    async with running(d):
+        d.submit([alert()])
+        await asyncio.sleep(2.5)  # ~12 repeats fell due meanwhile
+        assert stats(d, "wh").queued <= 2  # the newest repeat replaces the one waiting for a retry
+        receiver.mode = "up"
+        await until(lambda: receiver.delivered("/wh"), timeout=5)
+
+
+async def test_a_corrupt_outbox_is_set_aside_and_a_new_one_started(tmp_path, receiver, caplog):
+    path = tmp_path / "n.db.outbox"
+    path.write_bytes(b"this is not a database\n" * 400)
+    d = HookDispatcher([HookConfig(type="webhook", name="wh", url=receiver.url("/wh"))], outbox=Outbox(path))
+    assert d.outbox.persistent
+    async with running(d):
+        d.submit([alert()])
+        await until(lambda: stats(d, "wh").sent == 1)
+    [aside] = tmp_path.glob("n.db.outbox.corrupt-*")
+    assert aside.read_bytes().startswith(b"this is not a database")
+    assert "moved to n.db.outbox.corrupt-" in caplog.text

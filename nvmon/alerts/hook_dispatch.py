@@ -8,9 +8,10 @@ status and group that arrive within the wait go out as one notification), a repe
 alerts still firing, retries with exponential backoff and jitter (a server's Retry-After wins),
 and statistics. Each notification has its own retry schedule: while one waits for its next
 attempt the others go (a resolve never waits behind another alert's failing firing, only behind
-at most one attempt in flight), and a resolve supersedes its alert's firing still waiting. Every
-notification is written to the outbox (`hook_outbox`, with the daemon's `<db>.outbox`) before
-its first attempt and removed when delivered or given up, so a stop or crash loses none.
+at most one attempt in flight), and a newer notification (a resolve, a repeat) supersedes its
+alert's firing still waiting. Every notification is written to the outbox (`hook_outbox`, with
+the daemon's `<db>.outbox`) before its first attempt and removed when delivered or given up, so a
+stop or crash loses none.
 Kinds with `keep_alive_s` (Alertmanager's API) re-send every firing alert at that interval,
 acked or not, so that Alertmanager does not resolve it by itself; kinds with `sends_acks`
 (PagerDuty) get an `acknowledged` notification when someone acks an alert they paged.
@@ -276,8 +277,7 @@ class _Worker:
             # group rides along, so receivers keyed on groupKey see the full set.
             group = tuple(batch.labels.values())
             records += [f.record for fp, f in self._firing.items() if f.group == group and fp not in batch.records]
-        if batch.status == "resolved":
-            self.deliveries.supersede({r.fingerprint for r in batch.records.values()})
+        self.deliveries.supersede({r.fingerprint for r in batch.records.values()}, batch.status)
         parts = [[r] for r in records] if self.hook.one_alert_per_delivery else [records]
         for part in parts:
             p = Pending(None, self.hook.name, batch.status, batch.labels, part, batch.grouped,

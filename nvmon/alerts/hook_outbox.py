@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import sqlite3
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -71,16 +72,34 @@ class Outbox:
         self.path = path
         self._db: sqlite3.Connection | None = None
         self._full_logged = False
+        self._rows = 0
         if path is None:
             return
         try:
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1.0)
+            try:
+                self._db = self._open(path)
+            except sqlite3.DatabaseError as e:  # not a database (any more): set it aside, start afresh
+                if isinstance(e, sqlite3.OperationalError) or not path.exists():
+                    raise
+                aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+                path.rename(aside)
+                log.warning("hooks: outbox %s: %s; moved to %s, starting a new one (its notifications are lost)",
+                            path, e, aside.name)
+                self._db = self._open(path)
+        except (sqlite3.Error, OSError) as e:
+            log.warning("hooks: outbox %s: %s; undelivered notifications will not survive a restart", path, e)
+
+    def _open(self, path: Path) -> sqlite3.Connection:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1.0)
+        try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # survives a process crash; a power cut may lose the last rows
             db.execute(SCHEMA)
-            self._db = db
-        except (sqlite3.Error, OSError) as e:
-            log.warning("hooks: outbox %s: %s; undelivered notifications will not survive a restart", path, e)
+            self._rows = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     @property
     def persistent(self) -> bool:
@@ -98,7 +117,7 @@ class Outbox:
         if self._db is None:
             return
         try:
-            if self._db.execute("SELECT count(*) FROM outbox").fetchone()[0] >= MAX_ROWS:
+            if self._rows >= MAX_ROWS:
                 if not self._full_logged:
                     self._full_logged = True
                     log.warning("hooks: outbox holds %d notifications; newer ones are kept in memory only", MAX_ROWS)
@@ -108,6 +127,7 @@ class Outbox:
                 (p.hook, p.status, json.dumps(p.labels), json.dumps([asdict(r) for r in p.records]),
                  int(p.grouped), p.n, p.created))
             p.id = cur.lastrowid
+            self._rows += 1
         except (sqlite3.Error, TypeError, ValueError) as e:
             self._fail("write", e)
 
@@ -126,7 +146,7 @@ class Outbox:
         if self._db is None or p.id is None:
             return
         try:
-            self._db.execute("DELETE FROM outbox WHERE id = ?", (p.id,))
+            self._rows -= self._db.execute("DELETE FROM outbox WHERE id = ?", (p.id,)).rowcount
         except sqlite3.Error as e:
             self._fail("delete", e)
 
@@ -154,6 +174,7 @@ class Outbox:
                     self._db.execute("DELETE FROM outbox WHERE id = ?", (rid,))
                     continue
                 out.append(Pending(rid, hook, str(status), lab, recs, bool(grouped), int(n), float(created)))
+            self._rows = self._db.execute("SELECT count(*) FROM outbox").fetchone()[0]
         except sqlite3.Error as e:
             self._fail("read", e)
         for why, count in dropped.items():

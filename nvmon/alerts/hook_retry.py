@@ -34,7 +34,7 @@ class Due:
     at: float  # loop time of the next attempt
     seq: int  # order of arrival among those due at once
     attempt: int = 0  # attempts made so far
-    resolved: set[str] = field(default_factory=set)  # its alerts that resolved since: not retried
+    superseded: set[str] = field(default_factory=set)  # its alerts with a newer notification: not retried
 
 
 class Deliveries:
@@ -58,15 +58,18 @@ class Deliveries:
         self.pending.append(Due(p, now, self._seq))
         self._wake.set()
 
-    def supersede(self, fps: set[str]) -> None:
-        """An alert resolved while its firing (or repeat) still waits for a retry: that firing is
-        not sent after the resolve (it would reopen the incident); the resolve goes alone. One not
-        tried yet (or in flight) goes first, as it came, but is not retried after the resolve."""
+    def supersede(self, fps: set[str], status: str) -> None:
+        """A newer notification about alerts `fps` (`status`) is made. An alert resolved while its
+        firing (or ack) still waits for a retry: that is not sent after the resolve (it would
+        reopen the incident). A repeat of a firing still waiting: only the newer one goes (no
+        pile of repeats while a receiver is down). One not tried yet (or in flight) goes first,
+        as it came, but is not retried after the newer one."""
+        older = ("firing", "acknowledged") if status == "resolved" else ("firing",) if status == "firing" else ()
         for d in list(self.pending):
-            if d.p.status not in ("firing", "acknowledged"):
+            if d.p.status not in older:
                 continue
             if d is self._inflight or d.attempt == 0:
-                d.resolved |= fps
+                d.superseded |= fps
                 continue
             self._drop(d, fps)
 
@@ -131,10 +134,10 @@ class Deliveries:
             again = f" after {d.attempt + 1} attempts" if d.attempt else ""
             log.info("hook %s: %d %s alert(s) delivered%s (%s)", hook.name, p.n, p.status, again, result)
             return
-        if err.retryable and d.attempt < self.cfg.retries and d.resolved:
-            self._drop(d, d.resolved)  # those resolved meanwhile: their resolve is sent instead
+        if err.retryable and d.attempt < self.cfg.retries and d.superseded:
+            self._drop(d, d.superseded)  # a newer notification about them is sent instead
             if d not in self.pending:
-                log.info("hook %s: %s alert(s) not retried: resolved since", hook.name, p.status)
+                log.info("hook %s: %s alert(s) not retried: a newer notification replaces it", hook.name, p.status)
                 return
         if err.retryable and d.attempt < self.cfg.retries:
             delay = err.retry_after if err.retry_after is not None else self.backoff.delay(d.attempt)
