@@ -116,3 +116,20 @@ async def test_a_mosquitto_that_will_not_start_falls_back_to_the_embedded_broker
     with pytest.raises(brokers.DemoError, match="mosquitto exited at start"):
         async with DemoFleet(plan_fleet(2, 1), tmp_root=tmp_path, broker="mosquitto"):
             pass
+
+
+@needs_mosquitto
+def test_a_killed_demo_leaves_no_broker_behind(tmp_path):
+    proc = start(tmp_path, "--nodes", "2")
+    try:
+        read_until(proc, r"online 2/2", 20)
+        brokers = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "mosquitto"]
+        assert len(brokers) == 1
+        proc.kill()  # no chance to stop anything itself
+        proc.wait(10)
+        gone, alive = psutil.wait_procs(brokers, timeout=5)
+        assert not alive, alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

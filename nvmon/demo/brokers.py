@@ -9,8 +9,10 @@ process, whose one core the nodes' daemons already fill (200 nodes never all cam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import shutil
 import socket
 import subprocess
@@ -114,8 +116,18 @@ class EmbeddedBroker:
         self._broker = None
 
 
+# Mosquitto under a small sh that lives as long as the demo does: the demo holds the write end of
+# the sh's stdin, so when the demo ends in any way (kill -9 included) the kernel closes it, `read`
+# sees end of file and the broker is stopped — no orphan broker. The sh exits with the broker's
+# status, so a broker that fails at start is seen at once. Its own session keeps a terminal's Ctrl-C
+# from stopping the broker before the nodes' goodbyes are out.
+# (fd 3: a background list's own stdin is /dev/null in a non-interactive sh.)
+_GUARD = 'exec 3<&0; "$1" -c "$2" <&- & pid=$!; (read _ <&3; kill "$pid" 2>/dev/null) & wait "$pid"'
+
+
 class MosquittoBroker:
-    """Mosquitto as a child process on host:port: anonymous, no persistence, its log in `workdir`."""
+    """Mosquitto as a child process on host:port: anonymous, no persistence, its log in `workdir`;
+    it goes when the demo goes, however the demo ends (see _GUARD)."""
 
     name = "mosquitto"
 
@@ -131,9 +143,9 @@ class MosquittoBroker:
                         "max_queued_messages 10000\n")
         binary = mosquitto_path()
         try:
-            self._proc = subprocess.Popen([binary, "-c", str(conf)], stdin=subprocess.DEVNULL,
+            self._proc = subprocess.Popen(["/bin/sh", "-c", _GUARD, "sh", binary, str(conf)], stdin=subprocess.PIPE,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True)  # a Ctrl-C reaches the demo only
+                                          start_new_session=True)
         except OSError as e:
             raise DemoError(f"cannot start {binary}: {e.strerror or e}") from None
         deadline = time.monotonic() + 5.0
@@ -161,14 +173,16 @@ class MosquittoBroker:
 
     async def stop(self, timeout_s: float) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.terminate()
+        if proc.stdin is not None:
+            proc.stdin.close()  # end of file for the guard: it stops the broker, the sh exits
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         if proc.poll() is None:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the sh leads its own group: the broker is in it
             proc.wait(2)
 
 
