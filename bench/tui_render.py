@@ -52,7 +52,7 @@ async def measure(nodes: int, rounds: int) -> dict:
             table = app.screen.query_one(FleetTable)
             # first draw, from scratch: forget everything the table drew at mount
             table._version = -1
-            for d in (table._segs, table._strips, table._sortval, table._rack):
+            for d in (table._segs, table._strips, table._sortval, table._group):
                 d.clear()
             table._visible.clear()
             gc.collect()

@@ -11,6 +11,7 @@ from textual.widgets import Footer, Input, Static
 from nvmon.tui.rows import BY_KEY, COLUMN_KEYS, Column
 from nvmon.tui.text import DIM, clean
 from nvmon.tui.widgets.fleet_table import FleetTable
+from nvmon.tui.widgets.fleet_groups import TITLES
 from nvmon.tui.widgets.header import StatusHeader
 
 
@@ -28,7 +29,7 @@ class FleetScreen(Screen):
         Binding("slash", "filter", "Filter"),
         Binding("s", "next_sort", "Sort"),
         Binding("r", "reverse", "Reverse"),
-        Binding("g", "group", "Racks"),
+        Binding("g", "group", "Group"),
         Binding("p", "problems", "Problems"),
         Binding("a", "app.alerts", "Alerts"),
         Binding("question_mark", "app.help", "Help"),
@@ -84,7 +85,7 @@ class FleetScreen(Screen):
             arrows = ("←" if t.scroll_offset.x else "") + ("→" if t.scroll_offset.x < t.max_scroll_x else "")
             line.append(f" · cols {first}-{last}/{len(COLUMN_KEYS)} {arrows}", DIM)
         if t.grouped:
-            line.append(" · by rack", DIM)
+            line.append(f" · by {TITLES[t.group_by]}", DIM)
         if t.problems_only:
             line.append(" · problems only", "yellow")
         if t.query_text.strip():
@@ -126,8 +127,15 @@ class FleetScreen(Screen):
         self._show_status()
 
     def action_group(self) -> None:
-        self.table.grouped = not self.table.grouped
-        self.table.resort(self.app.now())
+        """Off → by rack → by NVLink domain (only when some node reports one) → off."""
+        t = self.table
+        if not t.grouped:
+            t.grouped, t.group_by = True, "rack"
+        elif t.group_by == "rack" and any(v.cluster_uuid for v in t.state.nodes.values()):
+            t.group_by = "domain"
+        else:
+            t.grouped = False
+        t.regroup(self.app.now())
         self._show_status()
 
     def action_problems(self) -> None:

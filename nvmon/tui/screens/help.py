@@ -19,7 +19,7 @@ KEYS = (
                ("shift+Home / shift+End", "first / last columns"), ("Enter / click", "open the node"),
                ("/", "filter (Esc clears)"),
                ("s / click a header", "sort by the next column / that column: worst (largest) first, ▼"),
-               ("r", "reverse the sort"), ("g", "group by rack, with rack power against the budget"),
+               ("r", "reverse the sort"), ("g", "group: by rack (power vs budget), by NVLink domain, off"),
                ("p", "problems only"))),
     ("node", (("Esc", "back to the fleet"), ("↑ ↓ PgUp PgDn Home End", "scroll"), ("← →", "scroll sideways"))),
     ("alerts", (("Enter", "open the alert's node"), ("k", "acknowledge the episode (shared on the broker)"),

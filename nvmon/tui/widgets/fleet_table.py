@@ -28,13 +28,10 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from nvmon.fleet.rules import rack_power_level
 from nvmon.fleet.state import FleetState, NodeKey
 from nvmon.tui.rows import BY_KEY, COLUMNS, is_problem, matches, row_segments
-from nvmon.tui.text import DIM, LEVEL_STYLE, OK, SYMBOL, WARN, Segment as Cell, clean, kw
-
-RACK_PREFIX = "\x00rack:"  # row keys of rack group headers; node row keys are "cluster/node"
-NO_RACK = "(no rack)"
+from nvmon.tui.text import Segment as Cell
+from nvmon.tui.widgets.fleet_groups import GROUP_PREFIX, domain_headers, group_of, rack_headers, sort_key
 GAP = 1  # a space before every cell (and after the last): columns one space apart, to fit 80 columns
 NODE_MIN, NODE_MAX = 6, 24  # the node column is as wide as the longest name, within these
 
@@ -53,7 +50,7 @@ def row_key(key: NodeKey) -> str:
 
 
 def node_key(row: str) -> NodeKey | None:
-    if row.startswith(RACK_PREFIX):
+    if row.startswith(GROUP_PREFIX):
         return None
     cluster, _, node = row.partition("/")
     return (cluster, node)
@@ -92,8 +89,9 @@ def row_strip(cells: tuple[tuple[Cell, ...], ...], widths: list[int] = WIDTHS) -
 
 
 class FleetTable(ScrollView, can_focus=True):
-    """See the module docstring. `sort_column`, `reverse`, `grouped`, `query_text` and
-    `problems_only` are plain attributes: change them, then call `resort` or `refilter`."""
+    """See the module docstring. `sort_column`, `reverse`, `grouped`, `group_by` ("rack" or
+    "domain": nvmon.tui.widgets.fleet_groups), `query_text` and `problems_only` are plain
+    attributes: change them, then call `resort` (`regroup` after `group_by`) or `refilter`."""
 
     COMPONENT_CLASSES = {"fleet-table--header", "fleet-table--cursor"}
     DEFAULT_CSS = """
@@ -135,7 +133,7 @@ class FleetTable(ScrollView, can_focus=True):
     def __init__(self, state: FleetState, *, rack_budget_w: float | None = None, **kw):
         super().__init__(**kw)
         self.state, self.rack_budget_w = state, rack_budget_w
-        self.sort_column, self.reverse, self.grouped = "node", False, False
+        self.sort_column, self.reverse, self.grouped, self.group_by = "node", False, False, "rack"
         self.query_text, self.problems_only = "", False
         self._version = -1  # never drawn
         self._segs: dict[str, tuple] = {}  # row key → cells shown (absent: compute when painted)
@@ -145,7 +143,7 @@ class FleetTable(ScrollView, can_focus=True):
         self._now = 0.0
         self._strips: dict[str, Strip] = {}
         self._sortval: dict[str, object] = {}
-        self._rack: dict[str, str] = {}
+        self._group: dict[str, str] = {}  # row key → its group in `group_by`
         self._visible: set[str] = set()
         self._aging: set[str] = set()  # rows whose status shows an age that ticks without changes
         self._order: list[str] = []
@@ -183,9 +181,9 @@ class FleetTable(ScrollView, can_focus=True):
                 self._sortval[rk] = col.sort(view, live)
             except Exception:  # a hostile value that does not compare: sort it by name
                 self._sortval[rk] = None
-            rack = clean(view.rack, 64) if view.rack else NO_RACK
-            if self._rack.get(rk) != rack:
-                self._rack[rk] = rack
+            group = group_of(view, self.group_by)
+            if self._group.get(rk) != group:
+                self._group[rk] = group
                 need_order |= self.grouped
             if visible != (rk in self._visible):
                 need_order = True
@@ -202,7 +200,7 @@ class FleetTable(ScrollView, can_focus=True):
         if need_order:
             self._reorder(now)
         elif self.grouped:
-            self._draw_racks(now)
+            self._draw_groups(now)
         if drawn:
             self.refresh()
         return drawn
@@ -218,6 +216,15 @@ class FleetTable(ScrollView, can_focus=True):
                     self._sortval[rk] = col.sort(view, view.liveness(now))
                 except Exception:
                     self._sortval[rk] = None
+        self._reorder(now)
+
+    def regroup(self, now: float) -> None:
+        """Recompute every row's group (`group_by` changed) and reorder."""
+        for rk in list(self._rows):
+            key = node_key(rk)
+            view = self.state.nodes.get(key) if key else None
+            if view is not None:
+                self._group[rk] = group_of(view, self.group_by)
         self._reorder(now)
 
     def refilter(self, now: float) -> None:
@@ -245,7 +252,7 @@ class FleetTable(ScrollView, can_focus=True):
         existed = rk in self._segs
         existed |= rk in self._rows
         self._rows.discard(rk)
-        for d in (self._segs, self._strips, self._sortval, self._rack):
+        for d in (self._segs, self._strips, self._sortval, self._group):
             d.pop(rk, None)
         self._visible.discard(rk)
         self._aging.discard(rk)
@@ -266,7 +273,7 @@ class FleetTable(ScrollView, can_focus=True):
         elif self.reverse:
             keys.reverse()
         if self.grouped:
-            keys.sort(key=lambda k: (self._rack.get(k) == NO_RACK, self._rack.get(k, "")))
+            keys.sort(key=lambda k: sort_key(self._group.get(k, "")))
         return keys
 
     def _reorder(self, now: float) -> None:
@@ -278,16 +285,16 @@ class FleetTable(ScrollView, can_focus=True):
             grouped: list[str] = []
             last = None
             for rk in order:
-                rack = self._rack.get(rk, NO_RACK)
-                if rack != last:
-                    grouped.append(RACK_PREFIX + rack)
-                    last = rack
+                group = self._group.get(rk, "")
+                if group != last:
+                    grouped.append(GROUP_PREFIX + group)
+                    last = group
                 grouped.append(rk)
             order = grouped
         self._order = order
         self._index = {rk: i for i, rk in enumerate(order)}
         if self.grouped:
-            self._draw_racks(now)
+            self._draw_groups(now)
         longest = max((len(rk) - len(rk.partition("/")[0]) - 1 for rk in self._rows), default=0)
         widths = layout(max(NODE_MIN, min(NODE_MAX, longest)))
         if widths != self.widths:
@@ -317,30 +324,16 @@ class FleetTable(ScrollView, can_focus=True):
     def total_width(self) -> int:
         return sum(self.widths) + GAP
 
-    def _draw_racks(self, now: float) -> None:
-        counts: dict[str, int] = {}
+    def _draw_groups(self, now: float) -> None:
+        """The group headers in the order (nvmon.tui.widgets.fleet_groups): one line each."""
+        shown: dict[str, int] = {}
         for rk in self._visible:
-            rack = self._rack.get(rk, NO_RACK)
-            counts[rack] = counts.get(rack, 0) + 1
-        budget = self.rack_budget_w
-        for rack, power in self.state.racks(now).items():
-            name = clean(rack, 64) if rack is not None else NO_RACK
-            rk = RACK_PREFIX + name
-            if rk not in self._index:
-                continue
-            style = LEVEL_STYLE.get(rack_power_level(power.power_w, budget), DIM) if budget else DIM
-            power_cell = (f"{SYMBOL[style]} {kw(power.power_w)}/{kw(budget)}kW", style) if budget else \
-                (f"{kw(power.power_w)}/{kw(power.power_limit_w)}kW", "bold")
-            down = power.nodes - power.reporting
-            shown = counts.get(name, 0)
-            # A group header is one line across the columns: the rack's name, liveness and totals.
-            line: list[Cell] = [("▾ " + name, "bold reverse"), ("  ", "")]
-            line.append((f"{SYMBOL[WARN]} {down} down", WARN) if down else (f"{SYMBOL[OK]} all up", OK))
-            line += [(f"  {power.nodes} nodes", "bold"), ("  ", ""), power_cell,
-                     (" rack budget" if budget else " Σ GPU limits", DIM)]
-            if shown != power.nodes:
-                line.append((f"  {shown} shown", DIM))
-            if self._draw(rk, (tuple(line),)):
+            group = self._group.get(rk, "")
+            shown[group] = shown.get(group, 0) + 1
+        headers = rack_headers(self.state, now, self.rack_budget_w, shown) if self.group_by == "rack" \
+            else domain_headers(self.state, now, shown)
+        for rk, line in headers.items():
+            if rk in self._index and self._draw(rk, (line,)):
                 self.refresh()
 
     # --- painting --------------------------------------------------------------------------
@@ -358,13 +351,13 @@ class FleetTable(ScrollView, can_focus=True):
             strip = self._strips.get(rk)
             if strip is None:
                 strip = self._strips[rk] = row_strip(self._cells(rk), self.widths)
-                if self.paint_probe is not None and not rk.startswith(RACK_PREFIX):
+                if self.paint_probe is not None and not rk.startswith(GROUP_PREFIX):
                     self.paint_probe(node_key(rk))
             if index == self.cursor_row:
                 strip = strip.apply_style(self.get_component_rich_style("fleet-table--cursor"))
         # the node column stays put when scrolling sideways (a rack header line does not scroll)
         first = self.widths[0]
-        if scroll_x and (y == 0 or not rk.startswith(RACK_PREFIX)):
+        if scroll_x and (y == 0 or not rk.startswith(GROUP_PREFIX)):
             strip = Strip.join([strip.crop(0, first), strip.crop(first + scroll_x, first + scroll_x + width - first)])
         return strip.crop_extend(0, width, self.rich_style)
 
