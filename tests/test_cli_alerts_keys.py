@@ -69,7 +69,7 @@ def test_silences_list_every_cluster_without_cluster(tmp_path):
     with Broker(tmp_path) as b:
         for c in ("c1", "c2"):
             r = nvmon("alerts", "--db", str(tmp_path / "none.db"), "silence", "--match", "label.owner=ml",
-                      "--for", "1h", "--broker", b.url, "--cluster", c)
+                      "--for", "1h", "--broker", b.url, "--cluster", c, "--all-nodes")  # no node=: every node
             assert r.returncode == 0, r.stderr
         r = nvmon("alerts", "--db", str(tmp_path / "none.db"), "silences", "--broker", b.url)
         assert r.returncode == 0, r.stderr

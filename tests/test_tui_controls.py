@@ -137,7 +137,8 @@ def test_shared_marks_use_the_engines_matching_and_episode_rules():
 
     sc = SharedControls()
     cs = (empty("t", now)
-          .with_silence(SharedSilence("s1", {"team": "m?", "gpu": "2"}, now - 10, now + 10, "alice", None))
+          .with_silence(SharedSilence("s1", {"team": "m?", "gpu": "2"}, now - 10, now + 10, "alice", None,
+                                      all_nodes=True))  # no node matcher: its writer said --all-nodes
           .with_silence(SharedSilence("later", {"node": "n1"}, now + 5, now + 50))
           .with_ack(SharedAck(FP_IB, now - 30, now - 5, "bob"))
           .with_ack(SharedAck(FP_LINK, now - 1000, now - 5, "bob")))  # an older episode: not this one

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from nvmon.audit import RULES
 
 WEEK_S = 7 * 86400.0
+DEFAULT_MAX_SILENCE_H = 168.0  # [alerts] max_silence_h: the longest silence honoured (7 days)
 # Which node rules there are: here, not in nvmon.alerts.rules (which builds them from these
 # settings), so that checking `[alerts.rules."CODE"]` needs no import back up.
 SKIPPED = frozenset({"nvlink.board", "gpu.model"})  # facts about the board, not faults
@@ -48,6 +49,7 @@ class AlertsSettings(_Strict):
     power_limit_pct: float = Field(95.0, gt=0, le=100)  # enforced limit < this % of spec → power.limit
     temperature_c: float = Field(87.0, gt=0, le=150)  # at or above → thermal
     keep_resolved_d: float = Field(7.0, gt=0, le=365)  # resolved alerts kept for `nvmon alerts`
+    max_silence_h: float = Field(DEFAULT_MAX_SILENCE_H, gt=0, le=8760)  # the CLI refuses longer; shared ones are cut
     rules: dict[str, RuleOverride] = Field(default_factory=dict)
 
     @field_validator("rules")

@@ -13,7 +13,15 @@ cluster's full set of silences and acks (nvmon.wire.control has the format).
   `controls(now)`; `merge()` adds them to the node's own (SQLite) acks and silences.
 
 A shared silence applies to its cluster only: it is handed to the engine with `cluster=<its
-cluster>` added to its matchers.
+cluster>` added to its matchers. Anyone who can write to the broker can write a silence, so an
+evaluator trusts it only so far (docs/alerts.md, "Limits on shared silences"):
+
+- it lasts at most `max_silence_s` from its start (`[alerts] max_silence_h`, default 7 days): a
+  longer one is applied only up to then;
+- one that covers every node (no `node` matcher, or one of wildcards only) is refused unless its
+  writer set `all_nodes` (`nvmon alerts silence --all-nodes`);
+- each new silence applied, cut short or refused is logged once, naming who set it and until when;
+  refusals are counted (`SharedControls.refused_silences`).
 """
 
 from __future__ import annotations
@@ -22,13 +30,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import NoReturn
 
 from nvmon.aio import running
-from nvmon.alerts.model import Silence
+from nvmon.alerts.model import Silence, iso
+from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
 from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription
 from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
 from nvmon.wire.mqtt import Backoff, MqttSettings, make_client
@@ -37,6 +48,9 @@ from nvmon.wire.session import MqttSession
 log = logging.getLogger("nvmon.alerts")
 
 RETAINED_WAIT_S = 1.0  # how long a writer waits for the retained set after subscribing
+DEFAULT_MAX_SILENCE_S = DEFAULT_MAX_SILENCE_H * 3600.0
+LOG_PER_MESSAGE = 10  # new silences logged one by one per control message; the rest summed up
+_WILDCARDS = re.compile(r"[*?]*")
 Acks = dict[tuple[str, int], float]
 
 
@@ -57,6 +71,17 @@ def engine_controls(cs: ControlSet, now: float) -> tuple[Acks, list[Silence]]:
     return acks, silences
 
 
+def covers_every_node(matchers: Mapping[str, str]) -> bool:
+    """No `node` matcher, or one made of wildcards only (`*`, `**`, `*?*`): every node's alerts match."""
+    pattern = matchers.get("node")
+    return pattern is None or (_WILDCARDS.fullmatch(pattern) is not None and "*" in pattern)
+
+
+def _describe(s: SharedSilence) -> str:
+    what = " ".join(f"{k}={v}" for k, v in s.matchers.items())
+    return f"{s.id} by {s.created_by or 'an unnamed writer'} until {iso(s.ends_at)} ({what[:200]})"
+
+
 def merge(*sources: tuple[Mapping[tuple[str, int], float], Iterable[Silence]]) -> tuple[Acks, list[Silence]]:
     """Union of (acks, silences) pairs; an episode acked in several places keeps the first ack."""
     acks: Acks = {}
@@ -72,11 +97,16 @@ class SharedControls:
     """The last good control set of each cluster seen. `apply(topic, payload)` is the message
     callback: cheap, synchronous, never raises."""
 
-    def __init__(self, on_change: Callable[[], None] | None = None):
-        self.sets: dict[str, ControlSet] = {}
+    def __init__(self, on_change: Callable[[], None] | None = None, *,
+                 max_silence_s: float = DEFAULT_MAX_SILENCE_S):
+        self.sets: dict[str, ControlSet] = {}  # as applied: silences capped, refused ones left out
+        self.received_sets: dict[str, ControlSet] = {}  # as received (what each new message is compared with)
         self.on_change = on_change
+        self.max_silence_s = max_silence_s
         self.received = 0
         self.malformed = 0  # refused messages (each logged; the previous set stays in force)
+        self.refused_silences = 0  # silences covering every node without `all_nodes` (each logged once)
+        self.capped_silences = 0  # silences longer than max_silence_s, applied only up to it
         self.last_error: str | None = None
 
     def apply(self, topic: str, payload: bytes) -> bool:
@@ -90,7 +120,8 @@ class SharedControls:
                 log.warning("alerts: shared controls on %s refused (%d so far), the previous set stays: %s",
                             str(topic)[:120], self.malformed, e)
             return False
-        self.sets[cs.cluster] = cs
+        self.sets[cs.cluster] = self._vet(cs)
+        self.received_sets[cs.cluster] = cs
         log.info("alerts: shared controls of cluster %s: %d silence(s), %d ack(s)", cs.cluster, len(cs.silences),
                  len(cs.acks))
         if self.on_change is not None:
@@ -99,6 +130,36 @@ class SharedControls:
             except Exception:  # the owner's callback: never let it break the connection's reader
                 log.exception("alerts: shared controls callback failed")
         return True
+
+    def _vet(self, cs: ControlSet) -> ControlSet:
+        """`cs` as applied: refuse silences covering every node without `all_nodes`, cut those
+        lasting longer than max_silence_s; log each silence not in the cluster's previous set once."""
+        before = {s.id: s for s in (self.received_sets[cs.cluster].silences if cs.cluster in self.received_sets else ())}
+        keep, lines = [], []
+        for s in cs.silences:
+            new = before.get(s.id) != s
+            if covers_every_node(s.matchers) and not s.all_nodes:
+                if new:
+                    self.refused_silences += 1
+                    lines.append((logging.WARNING, f"shared silence {_describe(s)} of cluster {cs.cluster} refused: it "
+                                  "covers every node and was not set with --all-nodes"))
+                continue
+            cap = s.starts_at + self.max_silence_s
+            if s.ends_at > cap:
+                if new:
+                    self.capped_silences += 1
+                    lines.append((logging.WARNING, f"shared silence {_describe(s)} of cluster {cs.cluster} applied only "
+                                  f"until {iso(cap)}: longer than the maximum ({self.max_silence_s / 3600:g} h)"))
+                s = replace(s, ends_at=cap)
+            elif new:
+                lines.append((logging.INFO, f"shared silence {_describe(s)} of cluster {cs.cluster} applied"))
+            keep.append(s)
+        for level, line in lines[:LOG_PER_MESSAGE]:
+            log.log(level, "alerts: %s", line)
+        if len(lines) > LOG_PER_MESSAGE:
+            log.warning("alerts: %d more new shared silences in cluster %s (%d refused so far, %d cut short)",
+                        len(lines) - LOG_PER_MESSAGE, cs.cluster, self.refused_silences, self.capped_silences)
+        return replace(cs, silences=tuple(keep))
 
     def controls(self, now: float) -> tuple[Acks, list[Silence]]:
         return merge(*(engine_controls(cs, now) for cs in self.sets.values()))
@@ -256,8 +317,9 @@ def shared_ack(fingerprint: str, starts_at: float, now: float, by: str | None) -
 
 
 def shared_silence(matchers: dict[str, str], starts_at: float, ends_at: float, by: str | None,
-                   comment: str | None, silence_id: str | None = None) -> tuple[str, Callable[[ControlSet], ControlSet]]:
+                   comment: str | None, silence_id: str | None = None, *,
+                   all_nodes: bool = False) -> tuple[str, Callable[[ControlSet], ControlSet]]:
     sid = silence_id or new_silence_id()
     s = SharedSilence(id=sid, matchers=dict(matchers), starts_at=starts_at, ends_at=ends_at, created_by=by,
-                      comment=comment)
+                      comment=comment, all_nodes=all_nodes)
     return sid, lambda cs: cs.with_silence(s)

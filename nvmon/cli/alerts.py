@@ -227,11 +227,15 @@ def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_
     now = time.time()
     db_path = str(resolve_db(db_path or DEFAULT_DB, DEFAULT_DB, create=False))
 
+    from nvmon.alerts.persist import applied_shared_silences
+
     def read(conn):
         saved = ({(fp, s / 1000): u / 1000 for fp, s, u in conn.execute(
             "SELECT fingerprint, starts_ms, updated_ms FROM alerts WHERE status != 'resolved'")}
             if db.has_alert_tables(conn) else {})
-        return db.load(conn, since=None if show_all else now - RECENT_S), db.silences(conn, now), saved
+        # The database's own silences, and the shared ones (MQTT) its daemon last applied.
+        silences = db.silences(conn, now) + applied_shared_silences(conn, now)
+        return db.load(conn, since=None if show_all else now - RECENT_S), silences, saved
 
     records, silences, saved = _read(db_path, read)
     records = ordered(select(records, node=node_glob, code=code_glob, severity=severity))
@@ -315,14 +319,18 @@ def _find_on_broker(share: _Share, fingerprint: str) -> tuple[str, str, float]:
                    "(repeatable; all must match; docs/alerts.md).")
 @click.option("--for", "duration", required=True, metavar="DURATION", help="How long, e.g. 30m, 2h, 1d.")
 @click.option("--comment", default=None, help="Why (shown in `nvmon alerts silences`).")
+@click.option("--all-nodes", is_flag=True, help="Allow a shared silence that covers every node (no node=, or "
+              "node='*'); daemons and nvmon fleet refuse one without it.")
 @_db_option
 @click.option("--by", default=None, help="Who silences (default: the user running this).")
 @_share_options
 @click.pass_context
 def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str, comment: str | None,
-                    db_path: str | None, by: str | None, broker: str | None, config_path: Path | None,
-                    cluster: str | None) -> None:
-    """Stop paging alerts that match, for a while (they still show, and are still published)."""
+                    all_nodes: bool, db_path: str | None, by: str | None, broker: str | None,
+                    config_path: Path | None, cluster: str | None) -> None:
+    """Stop paging alerts that match, for a while (they still show, and are still published).
+    At most [alerts] max_silence_h of --config (default 7 days)."""
+    from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
     from nvmon.store import alerts as db
 
     path = _db(ctx, db_path)
@@ -331,6 +339,10 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
         matchers = parse_matchers(matches, _known_labels(path, config_path))
     except ValueError as e:
         raise NvmonUsageError(str(e)) from None
+    max_h = load_fleet_config(config_path).alerts.max_silence_h if config_path is not None else DEFAULT_MAX_SILENCE_H
+    if seconds > max_h * 3600:
+        raise NvmonUsageError(f"--for {duration}: longer than the maximum silence, {max_h:g} h "
+                              "([alerts] max_silence_h)")
     if comment is not None and (len(comment) > 512 or not comment.isprintable()):
         raise NvmonUsageError("--comment: printable text, up to 512 characters")
     now, who = time.time(), _check_by(by)
@@ -341,13 +353,19 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
     if share.settings is not None and c is None:
         raise NvmonUsageError("--cluster NAME: which cluster's shared set (or a --config with [node] cluster)")
     what = " ".join(f"{k}={v}" for k, v in matchers.items())
+    from nvmon.alerts.shared import covers_every_node
+
+    every = covers_every_node(matchers)
+    if share.settings is not None and every and not all_nodes:
+        raise NvmonUsageError(f"{what}: a shared silence for every node needs --all-nodes "
+                              "(or narrow it with --match node=GLOB)")
     if share.local(path):
         sid = _write(path, lambda conn: db.add_silence(conn, matchers, now, now + seconds, who, comment))
         click.echo(f"silence {sid} until {iso(now + seconds)}: {what}")
     if share.settings is not None:
         from nvmon.alerts.shared import shared_silence, update_shared
 
-        shared_id, change = shared_silence(matchers, now, now + seconds, who, comment)
+        shared_id, change = shared_silence(matchers, now, now + seconds, who, comment, all_nodes=every)
         cs = share.run(update_shared(share.settings, c, change))
         click.echo(f"shared silence {shared_id} until {iso(now + seconds)}: {what}")
         share.report(c, cs)

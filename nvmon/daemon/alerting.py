@@ -20,7 +20,7 @@ from collections.abc import Callable
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition, wire_alert
 from nvmon.alerts.model import AlertRecord
 from nvmon.alerts.rules import NodeRules
-from nvmon.alerts.persist import Outage, UnsavedAlerts
+from nvmon.alerts.persist import Outage, SharedSilencesSaver, UnsavedAlerts
 from nvmon.alerts.shared import SharedControls, merge
 from nvmon.model import Sample
 from nvmon.specs import NodeSpec
@@ -68,7 +68,8 @@ class DaemonAlerts:
         self._local: tuple[dict, list] = ({}, [])
         self._local_due = 0.0  # time.monotonic() when the database's controls are re-read anyway
         self._housekeeping_at = 0.0  # time.monotonic() of the next tick that looks at controls
-        self.shared = SharedControls(on_change=self._wake.set)
+        self.shared = SharedControls(on_change=self._wake.set, max_silence_s=a.max_silence_h * 3600)
+        self._shared_saved = SharedSilencesSaver()  # what `nvmon alerts` reads to say `silenced`
         if publisher is not None and hasattr(publisher, "listen"):
             publisher.listen(control_topic(cfg.node.cluster), self.shared.apply)
         # (code, severity, status) → active alerts, zeros included for every enabled rule; replaced
@@ -177,6 +178,7 @@ class DaemonAlerts:
                 if not self._restored:
                     await self._restore()
                 await self._unsaved.save(self.store, self.clock())
+                await self._shared_saved.save(self.store, self.shared.controls(self.clock())[1])
                 # Only when another process wrote (`nvmon alerts ack`): a thread hand-off every
                 # 2 s would cost more CPU than the rules themselves.
                 if self.store.others_wrote or time.monotonic() >= self._local_due:

@@ -42,8 +42,8 @@ from dataclasses import replace
 
 from nvmon.alerts.engine import AlertEngine, Notifier, NullNotifier, Transition
 from nvmon.alerts.model import AlertRecord, Silence
-from nvmon.alerts.persist import Outage, UnsavedAlerts, woken
-from nvmon.alerts.shared import SharedControls, merge
+from nvmon.alerts.persist import Outage, SharedSilencesSaver, UnsavedAlerts, woken
+from nvmon.alerts.shared import DEFAULT_MAX_SILENCE_S, SharedControls, merge
 from nvmon.fleet.rules import FleetRules, Identity, Place, place_of
 from nvmon.fleet.state import FleetState
 from nvmon.store import StoreError
@@ -114,7 +114,7 @@ def describe(r: AlertRecord) -> str:
 
 class FleetAlerts:
     def __init__(self, rules: FleetRules, *, store=None, notifier: Notifier | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, max_silence_s: float = DEFAULT_MAX_SILENCE_S):
         self.rules = rules
         self.store = store
         self.notifier: Notifier = notifier or NullNotifier()
@@ -128,7 +128,8 @@ class FleetAlerts:
         self._wake = asyncio.Event()
         # The database's acks/silences and the clusters' shared ones (MQTT; run_fleet listens).
         self._local: tuple[dict, list] = ({}, [])
-        self.shared = SharedControls(on_change=self._wake.set)
+        self.shared = SharedControls(on_change=self._wake.set, max_silence_s=max_silence_s)
+        self._shared_saved = SharedSilencesSaver()  # what `nvmon alerts --db FLEET_DB` reads to say `silenced`
 
     # -- engines ---------------------------------------------------------------------------------
 
@@ -256,6 +257,7 @@ class FleetAlerts:
                 for eng in self.engines.values():  # counts of long-running alerts, every COUNT_FLUSH_S
                     self._unsaved.keep(eng.take_dirty(now))
                 await self._unsaved.save(self.store, self.clock())
+                await self._shared_saved.save(self.store, self.shared.controls(now)[1])
                 self._local = await asyncio.to_thread(self.store.alert_controls, now)
                 self.apply_controls()
                 if time.monotonic() - maintained > MAINTAIN_EVERY_S:

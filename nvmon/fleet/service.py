@@ -120,7 +120,8 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     for problem in dispatcher.check():
         log.warning("hooks: %s", problem)
     rules = FleetRules(cfg.fleet)
-    alerts = FleetAlerts(rules, store=store, notifier=dispatcher, clock=clock)
+    alerts = FleetAlerts(rules, store=store, notifier=dispatcher, clock=clock,
+                         max_silence_s=cfg.alerts.max_silence_h * 3600)
     n = alerts.restore(records, clock())
     if n:
         log.info("fleet: %d active alerts restored from %s (no new pages for them)", n, db)

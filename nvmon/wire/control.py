@@ -33,7 +33,10 @@ _FP = re.compile(r"[0-9a-f]{4,64}")
 @dataclass(frozen=True, slots=True)
 class SharedSilence:
     """Alerts of the cluster whose fields/labels match every matcher (shell-style globs) are not
-    paged from `starts_at` until `ends_at` (unix s)."""
+    paged from `starts_at` until `ends_at` (unix s). `all_nodes` is the writer's explicit
+    consent (`nvmon alerts silence --all-nodes`) to a silence whose matchers cover every node:
+    evaluators refuse such a silence without it (nvmon.alerts.shared). On the wire the key
+    `"all_nodes": true` is present only when set; readers before it ignore the key."""
 
     id: str
     matchers: dict[str, str]
@@ -41,6 +44,7 @@ class SharedSilence:
     ends_at: float
     created_by: str | None = None
     comment: str | None = None
+    all_nodes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,8 @@ def empty(cluster: str, ts: float = 0.0) -> ControlSet:
 
 def _silence_dict(s: SharedSilence) -> dict:
     return {"id": s.id, "matchers": dict(s.matchers), "starts_at": round(s.starts_at, 3),
-            "ends_at": round(s.ends_at, 3), "created_by": s.created_by, "comment": s.comment}
+            "ends_at": round(s.ends_at, 3), "created_by": s.created_by, "comment": s.comment,
+            **({"all_nodes": True} if s.all_nodes else {})}
 
 
 def _ack_dict(a: SharedAck) -> dict:
@@ -144,9 +149,12 @@ def _silence(v: object, path: str) -> SharedSilence:
     ends = number(d.get("ends_at"), f"{path}.ends_at", 0, MAX_TS, null=False)
     if ends <= starts:
         raise WireError(f"{path}: ends_at is not after starts_at")
+    all_nodes = d.get("all_nodes", False)
+    if type(all_nodes) is not bool:
+        raise WireError(f"{path}.all_nodes: expected true or false")
     return SharedSilence(id=sid, matchers=matchers, starts_at=starts, ends_at=ends,
                          created_by=text(d.get("created_by"), f"{path}.created_by", MAX_NAME),
-                         comment=text(d.get("comment"), f"{path}.comment", MAX_COMMENT))
+                         comment=text(d.get("comment"), f"{path}.comment", MAX_COMMENT), all_nodes=all_nodes)
 
 
 def _ack(v: object, path: str) -> SharedAck:
