@@ -128,6 +128,30 @@ async def test_cli_needs_all_nodes_for_a_shared_silence_of_every_node(tmp_path):
         assert len(sc.controls(s["starts_at"] + 1)[1]) == 1 and sc.refused_silences == 0  # applied
 
 
+@needs_mosquitto
+async def test_listing_shows_who_set_each_shared_silence_and_what_evaluators_make_of_it(tmp_path):
+    import time
+
+    now = time.time()
+    with Broker(tmp_path) as broker:
+        bad = SharedSilence("f0rged", {"node": "*"}, now, YEAR_5138, "mallory", None)
+        long = SharedSilence("l0ng", {"node": "gpu-07"}, now, YEAR_5138, "mallory", None)
+        fine = SharedSilence("f1ne", {"node": "gpu-08"}, now, now + 3600, "alice", "fan swap")
+        async with make_client(MqttSettings(url=broker.url), client_id="mallory") as c:
+            await c.publish(control_topic("c1"), forged(bad, long, fine), qos=1, retain=True)
+        args = ("alerts", "silences", "--broker", broker.url, "--cluster", "c1", "--db", str(tmp_path / "none.db"))
+        r = nvmon(*args)
+        assert r.returncode == 0, r.stderr
+        lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()}
+        assert "by mallory" in lines["c1/f0rged"] and "REFUSED by evaluators" in lines["c1/f0rged"]
+        assert "by mallory" in lines["c1/l0ng"] and "applied only until" in lines["c1/l0ng"]
+        assert lines["c1/f1ne"].endswith("by alice: fan swap")
+        got = {d["id"]: d for d in json.loads(nvmon(*args, "--json").stdout)}
+        assert got["c1/f0rged"]["applied_until"] is None and got["c1/f0rged"]["created_by"] == "mallory"
+        assert got["c1/l0ng"]["applied_until"] < got["c1/l0ng"]["ends_at"]  # ISO strings, same format
+        assert got["c1/f1ne"]["applied_until"] == got["c1/f1ne"]["ends_at"]
+
+
 # -- a real daemon ------------------------------------------------------------------------------
 
 

@@ -77,6 +77,14 @@ def covers_every_node(matchers: Mapping[str, str]) -> bool:
     return pattern is None or (_WILDCARDS.fullmatch(pattern) is not None and "*" in pattern)
 
 
+def judged(s: SharedSilence, max_silence_s: float = DEFAULT_MAX_SILENCE_S) -> float | None:
+    """Until when an evaluator applies `s` (its ends_at, or cut to starts_at + max_silence_s);
+    None when it refuses it (it covers every node without `all_nodes`)."""
+    if covers_every_node(s.matchers) and not s.all_nodes:
+        return None
+    return min(s.ends_at, s.starts_at + max_silence_s)
+
+
 def _describe(s: SharedSilence) -> str:
     what = " ".join(f"{k}={v}" for k, v in s.matchers.items())
     return f"{s.id} by {s.created_by or 'an unnamed writer'} until {iso(s.ends_at)} ({what[:200]})"
@@ -138,13 +146,13 @@ class SharedControls:
         keep, lines = [], []
         for s in cs.silences:
             new = before.get(s.id) != s
-            if covers_every_node(s.matchers) and not s.all_nodes:
+            cap = judged(s, self.max_silence_s)
+            if cap is None:
                 if new:
                     self.refused_silences += 1
                     lines.append((logging.WARNING, f"shared silence {_describe(s)} of cluster {cs.cluster} refused: it "
                                   "covers every node and was not set with --all-nodes"))
                 continue
-            cap = s.starts_at + self.max_silence_s
             if s.ends_at > cap:
                 if new:
                     self.capped_silences += 1

@@ -388,6 +388,9 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: str | None
       matchers    {KEY: GLOB}, as given to --match
       starts_at, ends_at   ISO 8601 UTC
       created_by, comment  who set it and why (null when not given)
+      applied_until   until when evaluators apply it: ends_at, or a shared one cut to the maximum
+                      ([alerts] max_silence_h of --config, else 7 days); null: they refuse it
+                      (it covers every node and was not set with --all-nodes)
     """
     from nvmon.render import plain
     from nvmon.store import alerts as db
@@ -396,25 +399,33 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: str | None
     share = _Share(broker, config_path, cluster)
     path = _db(ctx, db_path)
     found: list[Silence] = _read(path, lambda conn: db.silences(conn, now)) if share.local(path) else []
+    until: dict[int | str, float | None] = {s.id: s.ends_at for s in found}  # as evaluators apply it
     if share.settings is not None:
-        from nvmon.alerts.shared import engine_controls, read_every_shared, read_shared
+        from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
+        from nvmon.alerts.shared import engine_controls, judged, read_every_shared, read_shared
 
+        max_h = load_fleet_config(config_path).alerts.max_silence_h if config_path is not None else DEFAULT_MAX_SILENCE_H
         # Without --cluster every cluster's set, as `ack --broker` searches every cluster.
         sets = ([share.run(read_shared(share.settings, share.cluster))] if share.cluster is not None
                 else share.run(read_every_shared(share.settings)))
         for cs in sets:
             found += engine_controls(cs, now)[1]
+            until.update((f"{cs.cluster}/{s.id}", judged(s, max_h * 3600)) for s in cs.silences)
     if as_json:
         click.echo(json.dumps([{"id": s.id, "shared": isinstance(s.id, str), "matchers": dict(s.matchers),
                                 "starts_at": iso(s.starts_at), "ends_at": iso(s.ends_at),
-                                "created_by": s.created_by, "comment": s.comment} for s in found], indent=2))
+                                "created_by": s.created_by, "comment": s.comment,
+                                "applied_until": iso(until.get(s.id))} for s in found], indent=2))
         return
     if not found:
         click.echo("No silences.")
     for s in found:
         what = " ".join(f"{k}={v}" for k, v in s.matchers.items())
+        u = until.get(s.id)
+        note = ("  REFUSED by evaluators: covers every node, not set with --all-nodes" if u is None
+                else f"  (applied only until {iso(u)}: the maximum)" if u < s.ends_at else "")
         click.echo(plain(f"{s.id:>4}  until {iso(s.ends_at)}  {what}  by {s.created_by or '?'}"
-                         + (f": {s.comment}" if s.comment else "")))
+                         + (f": {s.comment}" if s.comment else "") + note))
 
 
 @alerts_command.command("unsilence")

@@ -3,8 +3,8 @@
 With broker settings, the app runs a `FleetSubscriber` as a named worker in its own event loop,
 feeding the state; without them it shows the state it was given (tests, snapshots, benchmarks).
 The same connection reads the clusters' shared acks and silences (`nvmon/v1/<cluster>/@controls`)
-into `controls` (a `SharedControls`: the last good set per cluster; refused messages count in the
-header's drops), which the alerts screen shows. The `FleetState` never sees them.
+into `controls` (a `SharedControls`: the last good set per cluster; refused messages, and silences
+refused for covering every node without --all-nodes, count in the header's drops), which the alerts screen shows. The `FleetState` never sees them.
 The fleet rules (`FleetAlerts`, the engine `nvmon fleet` runs) are judged over the same state on each
 redraw, so a dead node is on the alerts screen and in the header's alert count.
 Either way one timer (`refresh_s`, 1 s) redraws: it sets `header_info` (a reactive the headers
@@ -137,7 +137,8 @@ class NvmonApp(App):
         counts = st.counts(now)
         newest = max((v.tick_rx for v in st.nodes.values() if v.tick_rx is not None), default=None)
         stats = st.stats
-        refused = self.controls.malformed if self.controls is not None else 0  # control messages
+        # control messages refused, and shared silences refused (they cover every node without --all-nodes)
+        refused = self.controls.malformed + self.controls.refused_silences if self.controls is not None else 0
         info = HeaderInfo(source=self.source, cluster=self.cluster, nodes=len(st.nodes), online=counts["online"],
                           stale=counts["stale"], offline=counts["offline"], dropped=stats.dropped + refused,
                           last_drop=stats.last_drop, fresh_s=None if newest is None else max(0.0, now - newest),
