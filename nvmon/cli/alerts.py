@@ -29,7 +29,7 @@ import click
 from nvmon.alerts.model import MATCH_FIELDS, Silence, iso
 from nvmon.cli.alerts_view import SEVERITY_CHOICES, ordered, render_alerts, select, where
 from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_CASE_HINT, UNIT_S, NvmonError,
-                              NvmonUsageError, check_broker, check_broker_files, load_fleet_config, mqtt_settings,
+                              NvmonUsageError, BrokerFlags, broker_options, check_broker_files, load_fleet_config,
                               on_terminal, resolve_db, stdout_console, unit_case_wrong)
 from nvmon.store.errors import StoreError, describe
 
@@ -152,17 +152,16 @@ def _share_options(f=None, *, listing: bool = False):
     f = click.option("--config", "config_path", default=None, metavar="PATH",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="A daemon or fleet TOML config: its [mqtt] broker and credentials, its cluster.")(f)
-    return click.option("--broker", default=None, metavar="URL", callback=check_broker,
-                        help="Also list the shared ones retained on this broker (mqtt://HOST[:PORT] or "
-                             "mqtts://…), on nvmon/v1/<cluster>/@controls." if listing
-                        else "Also share it on this broker (mqtt://HOST[:PORT] or mqtts://…), "
-                             "retained on nvmon/v1/<cluster>/@controls.")(f)
+    return broker_options(f, broker_help="Also list the shared ones retained there, on nvmon/v1/<cluster>/@controls "
+                                         "(default: --config's [mqtt] broker, else none)." if listing
+                          else "Also share it there, retained on nvmon/v1/<cluster>/@controls (default: "
+                               "--config's [mqtt] broker, else none).")
 
 
 class _Share:
     """Where to share: broker settings (None: do not share) and the config's cluster."""
 
-    def __init__(self, broker: str | None, config_path: Path | None, cluster: str | None):
+    def __init__(self, broker: BrokerFlags, config_path: Path | None, cluster: str | None):
         from nvmon.wire.contract import valid_name
 
         m, cfg_cluster = None, None
@@ -172,8 +171,8 @@ class _Share:
         if cluster is not None and not valid_name(cluster):
             raise NvmonUsageError(f"--cluster {cluster[:80]!r}: {NAME_HINT}")
         self.cluster = cluster or (cfg_cluster if valid_name(cfg_cluster) else None)
-        url = broker or (m.broker if m is not None else None)
-        self.settings = mqtt_settings(url, m) if url else None  # the table's keepalive_s is for daemons
+        url = broker.url(m, default=None)
+        self.settings = broker.settings(m, url=url) if url else None  # the table's keepalive_s is for daemons
         if self.settings is not None:
             check_broker_files(self.settings)
 
@@ -261,7 +260,7 @@ def _check_by(by: str | None) -> str:
 @click.option("--by", default=None, help="Who acks (default: the user running this).")
 @_share_options
 @click.pass_context
-def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: str | None, broker: str | None,
+def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: str | None, broker: BrokerFlags,
                 config_path: Path | None, cluster: str | None) -> None:
     """Acknowledge an active alert: it stays active but is not paged again."""
     from nvmon.store import alerts as db
@@ -376,7 +375,7 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
 @_share_options(listing=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (keys above).")
 @click.pass_context
-def silences_command(ctx: click.Context, db_path: str | None, broker: str | None, config_path: Path | None,
+def silences_command(ctx: click.Context, db_path: str | None, broker: BrokerFlags, config_path: Path | None,
                      cluster: str | None, as_json: bool) -> None:
     """List the silences in force: this database's, and with --broker the shared ones of --cluster
     (default: of every cluster on the broker).
@@ -433,7 +432,7 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: str | None
 @_db_option
 @_share_options
 @click.pass_context
-def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, broker: str | None,
+def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, broker: BrokerFlags,
                       config_path: Path | None, cluster: str | None) -> None:
     """End a silence now: a local one by its number, a shared one (--broker) by its id."""
     from nvmon.store import alerts as db

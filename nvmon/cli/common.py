@@ -82,6 +82,8 @@ def check_broker(ctx, param, value: str | None) -> str | None:
         try:
             parse_broker_url(value)
         except ValueError as e:
+            if ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT:
+                raise NvmonUsageError(f"${BROKER_ENV}: {e}") from None  # not "--broker": it was not typed
             raise click.BadParameter(str(e)) from None
     return value
 
@@ -227,3 +229,89 @@ def check_broker_files(settings) -> None:
         files = ", ".join(str(f) for f in (settings.ca_file, settings.cert_file, settings.key_file) if f)
         reason = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(e.args[-1] if e.args else e))  # not OpenSSL's source line
         raise NvmonError(f"TLS files ({files or 'system CAs'}): {reason}") from None
+
+
+# ---- the broker flags: one set, one default, for every command that talks to a broker (docs/cli.md) ----
+
+DEFAULT_BROKER = "mqtt://localhost:1883"  # as the [mqtt] broker default of the daemon's and fleet's configs
+BROKER_ENV = "NVMON_BROKER"
+# (flag, MqttSettings field, help): the table in docs/cli.md, "Common flags", lists exactly these.
+BROKER_FLAGS = (
+    ("--broker", "url", "mqtt://HOST[:PORT] or mqtts://HOST[:PORT]."),
+    ("--username", "username", "Broker user name."),
+    ("--password-file", "password_file", "File holding the broker password (never on the command line)."),
+    ("--ca-file", "ca_file", "CA bundle for mqtts (default: system CAs)."),
+    ("--cert-file", "cert_file", "Client certificate (mutual TLS)."),
+    ("--key-file", "key_file", "Client certificate key."),
+    ("--tls-insecure", "tls_insecure", "Skip the broker host name check (the chain is still verified)."),
+)
+
+
+class BrokerFlags:
+    """The broker flags as typed (None: not given; --broker also from $NVMON_BROKER). `settings()`
+    merges them over a config's `[mqtt]` table: flag or environment > config file > DEFAULT_BROKER."""
+
+    def __init__(self, **given):
+        self.given = given  # MqttSettings field → value, None when not given
+        self.broker = given["url"]
+
+    def __bool__(self) -> bool:  # "a broker was named" (--broker or $NVMON_BROKER)
+        return bool(self.broker)
+
+    def flagged(self) -> bool:
+        return any(v not in (None, False) for v in self.given.values())
+
+    def url(self, section=None, default: str | None = DEFAULT_BROKER) -> str | None:
+        if self.broker is not None:
+            return self.broker
+        return (section.broker if section is not None else None) or default
+
+    def settings(self, section=None, *, default: str | None = DEFAULT_BROKER, keepalive: bool = False,
+                 url: str | None = None):
+        """MqttSettings for `url` (default: self.url(section, default)), the flags over `section`'s
+        user, password and TLS files; a bad combination is a one-line error (usage when flags made it)."""
+        from nvmon.wire.mqtt import MqttSettings
+
+        m = section
+        base = {f: (None if m is None or getattr(m, f) is None else str(getattr(m, f)))
+                for f in ("username", "password_file", "ca_file", "cert_file", "key_file")}
+        base["tls_insecure"] = bool(m is not None and m.tls_insecure)
+        for field, value in self.given.items():
+            if field != "url" and value not in (None, False):
+                base[field] = value
+        if keepalive and m is not None:
+            base["keepalive_s"] = m.keepalive_s
+        try:
+            return MqttSettings(url=url or self.url(section, default), **base)
+        except ValueError as e:
+            raise (NvmonUsageError if self.flagged() else NvmonError)(str(e)) from None
+
+
+def broker_options(f=None, *, broker_help: str | None = None):
+    """Add the broker flags (BROKER_FLAGS) to a command; they reach it as one `broker: BrokerFlags`.
+    `broker_help`: the command's own words on --broker (its default); $NVMON_BROKER is always said."""
+    import functools
+
+    if f is None:
+        return lambda g: broker_options(g, broker_help=broker_help)
+    names = [field for _, field, _ in BROKER_FLAGS]
+
+    @functools.wraps(f)
+    def command(*args, **kw):
+        given = {field: kw.pop(f"_b_{field}") for field in names}
+        return f(*args, broker=BrokerFlags(**given), **kw)
+
+    for flag, field, text in reversed(BROKER_FLAGS):
+        if flag == "--broker":
+            opt = click.option(flag, f"_b_{field}", default=None, metavar="URL", envvar=BROKER_ENV,
+                               callback=check_broker,
+                               help=f"{text} Else ${BROKER_ENV}. {broker_help or f'Default: {DEFAULT_BROKER}.'}")
+        elif flag == "--tls-insecure":
+            opt = click.option(flag, f"_b_{field}", is_flag=True, default=False, help=text)
+        elif flag == "--username":
+            opt = click.option(flag, f"_b_{field}", default=None, metavar="NAME", help=text)
+        else:
+            opt = click.option(flag, f"_b_{field}", default=None, metavar="FILE",
+                               type=click.Path(dir_okay=False), help=text)
+        command = opt(command)
+    return command

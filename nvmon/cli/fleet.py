@@ -11,11 +11,9 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (DEFAULT_FLEET_DB, NAME_HINT, check_broker, check_broker_files, check_db_writable,
-                              load_fleet_config, mqtt_settings, resolve_db, setup_logging)
+from nvmon.cli.common import (DEFAULT_BROKER, DEFAULT_FLEET_DB, NAME_HINT, BrokerFlags, broker_options,
+                              check_broker_files, check_db_writable, load_fleet_config, resolve_db, setup_logging)
 from nvmon.fleet.service import DEFAULT_CONFIG
-
-DEFAULT_BROKER = "mqtt://localhost:1883"
 
 
 def check_clusters(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -30,8 +28,7 @@ def check_clusters(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @click.command("fleet")
-@click.option("--broker", default=None, metavar="URL", callback=check_broker,
-              help=f"mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (default: [mqtt] broker, else {DEFAULT_BROKER}).")
+@broker_options(broker_help=f"Default: --config's [mqtt] broker, else {DEFAULT_BROKER}.")
 @click.option("--cluster", "clusters", multiple=True, metavar="NAME[,NAME...]", callback=check_clusters,
               help="Watch these clusters only (repeatable, or a comma list; default: [fleet] cluster or clusters, "
                    "else every cluster).")
@@ -42,7 +39,7 @@ def check_clusters(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
                    "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/fleet.db).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def fleet_command(broker: str | None, clusters: tuple[str, ...], config_path: Path | None, db_path: Path | None,
+def fleet_command(broker: BrokerFlags, clusters: tuple[str, ...], config_path: Path | None, db_path: Path | None,
                   log_level: str) -> None:
     """Evaluate fleet rules and run the on-call hooks: node offline (MQTT will) or stale, rack
     power over budget, many nodes with the same fault (docs/alerts.md, "Fleet rules").
@@ -59,8 +56,7 @@ def fleet_command(broker: str | None, clusters: tuple[str, ...], config_path: Pa
     from nvmon.fleet.service import run_fleet
 
     cfg = load_fleet_config(config_path)
-    m = cfg.mqtt
-    settings = mqtt_settings(broker or m.broker or DEFAULT_BROKER, m, keepalive=True)
+    settings = broker.settings(cfg.mqtt, keepalive=True)
     check_broker_files(settings)
     db = resolve_db(db_path or cfg.fleet.db, DEFAULT_FLEET_DB, create=True)
     check_db_writable(db)

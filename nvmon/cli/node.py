@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, NvmonUsageError, check_broker,
-                              check_broker_files, check_db_writable, check_interval, mqtt_settings, on_terminal,
-                              resolve_db, setup_logging, stdout_console)
+from nvmon.cli.common import (DEFAULT_BROKER, DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, NvmonUsageError,
+                              broker_options, check_broker_files, check_db_writable, check_interval, mqtt_settings,
+                              on_terminal, resolve_db, setup_logging, stdout_console)
 
 
 class AuditError(NvmonError):
@@ -168,8 +168,7 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
 @click.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="TOML config (default /etc/nvmon/nvmon.toml if it exists; example: systemd/nvmon.toml).")
-@click.option("--broker", metavar="URL", callback=check_broker,
-              help="mqtt://host:port or mqtts://host:port; '' to not publish.")
+@broker_options(broker_help=f"'' to not publish. Default: --config's [mqtt] broker, else {DEFAULT_BROKER}.")
 @click.option("--db", metavar="PATH", help="SQLite history database (default /var/lib/nvmon/nvmon.db; outside "
               "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/nvmon.db).")
 @click.option("--interval", type=float, metavar="SECONDS", help="Sampling period (default 1).")
@@ -195,7 +194,8 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
 
     from nvmon.daemon.config import ConfigError, load_config
 
-    overrides = {"broker": broker, "db": db, "interval": interval, "node": node, "cluster": cluster,
+    overrides = {**{k: v or None for k, v in broker.given.items() if k != "url"}, "broker": broker.broker,
+                 "db": db, "interval": interval, "node": node, "cluster": cluster,
                  "rack": rack, "sim": sim, "sysfs_root": sysfs_root, "prometheus": prometheus}
     try:
         cfg = load_config(config_path, overrides)

@@ -4,8 +4,9 @@
 Both read the broker the way the TUI does: subscribe to the cluster's topics, feed what arrives for
 a settle time (retained statuses, inventories and alert sets at once, samples within an interval)
 into a `FleetState`, and judge liveness with its one rule (`NodeView.liveness`), so the list, the
-TUI and `nvmon fleet` agree. The broker comes from --broker, else --config's `[mqtt]` (whose user,
-password file and TLS files are used too), else $NVMON_BROKER, else mqtt://localhost:1883.
+TUI and `nvmon fleet` agree. The broker flags are the common ones (docs/cli.md): --broker or
+$NVMON_BROKER, else --config's `[mqtt]` (whose user, password file and TLS files are used too, under
+the flags), else mqtt://localhost:1883.
 """
 
 from __future__ import annotations
@@ -19,19 +20,17 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (NvmonError, check_broker, check_broker_files, check_cluster, load_fleet_config,
-                              mqtt_settings)
+from nvmon.cli.common import (DEFAULT_BROKER, BrokerFlags, NvmonError, broker_options, check_broker_files,
+                              check_cluster, load_fleet_config)
 from nvmon.tui.text import age as age_text
 
-DEFAULT_BROKER = "mqtt://localhost:1883"
 SETTLE_S = 2.0  # retained messages come at once; a sample within one interval (1 s by default)
 CLEARED = ("alerts", "inventory", "status")  # the retained topics; the status last: views then drop the node
 
 
-def _settings(broker: str | None, config_path: Path | None):
+def _settings(broker: BrokerFlags, config_path: Path | None):
     m = load_fleet_config(config_path).mqtt if config_path is not None else None
-    url = broker or (m.broker if m is not None else None) or os.environ.get("NVMON_BROKER") or DEFAULT_BROKER
-    settings = mqtt_settings(url, m)
+    settings = broker.settings(m)
     check_broker_files(settings)
     return settings
 
@@ -110,9 +109,7 @@ def _broker_options(f):
     f = click.option("--config", "config_path", default=None, metavar="PATH",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="A daemon or fleet TOML config: its [mqtt] broker and credentials.")(f)
-    return click.option("--broker", default=None, metavar="URL", callback=check_broker,
-                        help=f"mqtt://HOST[:PORT] or mqtts://HOST[:PORT] (default: --config's [mqtt] broker, "
-                             f"else $NVMON_BROKER, else {DEFAULT_BROKER}).")(f)
+    return broker_options(f, broker_help=f"Default: --config's [mqtt] broker, else {DEFAULT_BROKER}.")
 
 
 def _settle_option(f):
@@ -125,7 +122,7 @@ def _settle_option(f):
 @click.option("--cluster", default=None, callback=check_cluster, help="One cluster (default: every cluster).")
 @_settle_option
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of node objects instead of the table.")
-def nodes_command(broker: str | None, config_path: Path | None, cluster: str | None, settle_s: float,
+def nodes_command(broker: BrokerFlags, config_path: Path | None, cluster: str | None, settle_s: float,
                   as_json: bool) -> None:
     """List a fleet's nodes with their liveness, as the broker has them: one line per node (rack,
     online / stale / offline and why, since when, daemon version, active alerts).
@@ -153,7 +150,7 @@ def nodes_command(broker: str | None, config_path: Path | None, cluster: str | N
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--force", is_flag=True,
               help="Forget a node even though it looks alive (its daemon would publish again).")
-def forget_command(nodes: tuple[str, ...], broker: str | None, config_path: Path | None, cluster: str,
+def forget_command(nodes: tuple[str, ...], broker: BrokerFlags, config_path: Path | None, cluster: str,
                    settle_s: float, yes: bool, force: bool) -> None:
     """Forget decommissioned NODEs: clear their retained status, inventory and alerts topics on the
     broker (empty retained messages), so the TUI, nvmon nodes and nvmon fleet drop them; nvmon fleet

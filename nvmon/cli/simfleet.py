@@ -11,7 +11,8 @@ import signal
 
 import click
 
-from nvmon.cli.common import NvmonError, NvmonUsageError, check_broker, check_cluster, check_interval, counted
+from nvmon.cli.common import (BrokerFlags, NvmonError, NvmonUsageError, broker_options, check_broker_files,
+                              check_cluster, check_interval, counted)
 
 
 def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
@@ -28,8 +29,7 @@ def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
 
 @click.command("sim-fleet")
 @click.option("--nodes", type=click.IntRange(1, 20_000), default=20, show_default=True, help="Nodes to simulate.")
-@click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True, metavar="URL", callback=check_broker,
-              help="mqtt://HOST[:PORT] or mqtts://HOST[:PORT].")
+@broker_options
 @click.option("--cluster", default="sim", show_default=True, callback=check_cluster, help="Cluster name (topic level).")
 @click.option("--racks", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="Racks to spread the nodes over, in order (rack-00 holds the first nodes).")
@@ -40,10 +40,12 @@ def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
                    "a spec starting with a profile replaces the board). Repeatable.")
 @click.option("--profile", default="hgx-h100", show_default=True, help="Board profile of healthy nodes.")
 @click.option("--prefix", default="sim", show_default=True, help="Node names are PREFIX-000, PREFIX-001, ...")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Stop after this long (default: until Ctrl-C or SIGTERM).")
-def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interval: float, faults: dict[int, str],
-                      profile: str, prefix: str, seconds: float | None) -> None:
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop after this long (default: until Ctrl-C or SIGTERM), as `nvmon demo --duration`.")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=None, hidden=True)  # old --duration
+def sim_fleet_command(nodes: int, broker: BrokerFlags, cluster: str, racks: int, interval: float,
+                      faults: dict[int, str], profile: str, prefix: str, duration: float | None,
+                      seconds: float | None) -> None:
     """Publish a simulated fleet to a broker, as N node daemons would.
 
     Each node has its own connection, will, retained status/inventory/alerts and one sample per
@@ -52,18 +54,21 @@ def sim_fleet_command(nodes: int, broker: str, cluster: str, racks: int, interva
     killing the process lets the broker publish their wills.
     """
     from nvmon.loadgen.fleet import SimFleet, describe
-    from nvmon.wire.mqtt import MqttSettings
 
+    if duration is not None and seconds is not None:
+        raise NvmonUsageError("--seconds is the old name of --duration: give one")
+    settings = broker.settings()
+    check_broker_files(settings)
     try:
-        fleet = SimFleet(MqttSettings(url=broker), nodes, cluster=cluster, racks=racks, faults=faults,
+        fleet = SimFleet(settings, nodes, cluster=cluster, racks=racks, faults=faults,
                          interval_s=interval, profile=profile, prefix=prefix)
     except ValueError as e:
         raise NvmonUsageError(str(e)) from None
     click.echo(describe(fleet) + "; Ctrl-C to stop", err=True)
-    asyncio.run(_run(fleet, seconds))
+    asyncio.run(_run(fleet, duration if duration is not None else seconds))
     s = fleet.stats
     if s.published == 0:  # a run that never reached the broker is a failure, not a quiet exit 0
-        raise NvmonError(f"sim-fleet published nothing to {broker} ({counted(s.connects, 'connection')}, "
+        raise NvmonError(f"sim-fleet published nothing to {settings.url} ({counted(s.connects, 'connection')}, "
                          f"{counted(s.errors, 'error')}" + (f"; last: {s.last_error})" if s.last_error else ")"))
 
 

@@ -128,6 +128,12 @@ class DaemonConfig(_Section):
 # Flag name → (section, key): flags override the file.
 FLAG_KEYS = {
     "broker": ("mqtt", "broker"),
+    "username": ("mqtt", "username"),
+    "password_file": ("mqtt", "password_file"),
+    "ca_file": ("mqtt", "ca_file"),
+    "cert_file": ("mqtt", "cert_file"),
+    "key_file": ("mqtt", "key_file"),
+    "tls_insecure": ("mqtt", "tls_insecure"),
     "db": ("store", "path"),
     "interval": ("sampling", "interval_s"),
     "node": ("node", "name"),
