@@ -325,7 +325,7 @@ def _find_on_broker(share: _Share, fingerprint: str) -> tuple[str, str, float]:
 @_share_options
 @click.pass_context
 def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str, comment: str | None,
-                    all_nodes: bool, db_path: str | None, by: str | None, broker: str | None,
+                    all_nodes: bool, db_path: str | None, by: str | None, broker: BrokerFlags,
                     config_path: Path | None, cluster: str | None) -> None:
     """Stop paging alerts that match, for a while (they still show, and are still published).
     At most [alerts] max_silence_h of --config (default 7 days)."""
