@@ -53,7 +53,9 @@ def test_all_nodes_is_an_extra_key_written_only_when_set_and_strictly_read():
 
 @pytest.mark.parametrize(("matchers", "every"), [({"code": "x"}, True), ({"node": "*"}, True), ({"node": "**"}, True),
                                                  ({"node": "*?*"}, True), ({"node": "gpu-*"}, False),
-                                                 ({"node": "gpu-07"}, False), ({"node": "?"}, False)])
+                                                 ({"node": "gpu-07"}, False), ({"node": "?"}, False),
+                                                 ({"fingerprint": "3f2a9c1d00aa11bb"}, False),
+                                                 ({"fingerprint": "3f2a*"}, True)])
 def test_which_silences_cover_every_node(matchers, every):
     assert covers_every_node(matchers) is every
 

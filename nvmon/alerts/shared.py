@@ -51,6 +51,7 @@ RETAINED_WAIT_S = 1.0  # how long a writer waits for the retained set after subs
 DEFAULT_MAX_SILENCE_S = DEFAULT_MAX_SILENCE_H * 3600.0
 LOG_PER_MESSAGE = 10  # new silences logged one by one per control message; the rest summed up
 _WILDCARDS = re.compile(r"[*?]*")
+_GLOB = re.compile(r"[*?\[]")
 Acks = dict[tuple[str, int], float]
 
 
@@ -72,7 +73,11 @@ def engine_controls(cs: ControlSet, now: float) -> tuple[Acks, list[Silence]]:
 
 
 def covers_every_node(matchers: Mapping[str, str]) -> bool:
-    """No `node` matcher, or one made of wildcards only (`*`, `**`, `*?*`): every node's alerts match."""
+    """No `node` matcher, or one made of wildcards only (`*`, `**`, `*?*`): every node's alerts match.
+    A `fingerprint` without wildcards names one alert (of one node or rack): never every node."""
+    fp = matchers.get("fingerprint")
+    if fp is not None and not _GLOB.search(fp):
+        return False
     pattern = matchers.get("node")
     return pattern is None or (_WILDCARDS.fullmatch(pattern) is not None and "*" in pattern)
 
