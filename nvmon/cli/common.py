@@ -255,9 +255,6 @@ class BrokerFlags:
         self.given = given  # MqttSettings field → value, None when not given
         self.broker = given["url"]
 
-    def __bool__(self) -> bool:  # "a broker was named" (--broker or $NVMON_BROKER)
-        return bool(self.broker)
-
     def flagged(self) -> bool:
         return any(v not in (None, False) for v in self.given.values())
 
