@@ -187,6 +187,9 @@ async def test_daemon_refuses_a_forged_silence_and_alerts_json_reports_shared_si
                 await wait_until(lambda: [a["silenced"] for a in alerts_json(d.db)] == [True], 10,
                                  "nvmon alerts --json to report the shared silence")
                 sid = r.stdout.split("shared silence ", 1)[1].split()[0]
+                # and the node's own listing shows it, with who set it (no broker needed)
+                listed = nvmon("alerts", "silences", "--db", str(d.db))
+                assert f"t/{sid}" in listed.stdout and "by alice" in listed.stdout, listed.stdout
                 r = nvmon("alerts", "unsilence", f"t/{sid}", "--broker", broker.url, "--db", str(tmp_path / "none.db"))
                 assert r.returncode == 0, r.stderr
                 await wait_until(lambda: [a["silenced"] for a in alerts_json(d.db)] == [False], 10,

@@ -378,7 +378,8 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
 def silences_command(ctx: click.Context, db_path: str | None, broker: BrokerFlags, config_path: Path | None,
                      cluster: str | None, as_json: bool) -> None:
     """List the silences in force: this database's, and with --broker the shared ones of --cluster
-    (default: of every cluster on the broker).
+    (default: of every cluster on the broker); without --broker, the shared ones the database's
+    daemon (or nvmon fleet) applies, as it last saved them.
 
     \b
     --json: a list of objects, oldest first, local ones before shared ones:
@@ -397,7 +398,12 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: BrokerFlag
     now = time.time()
     share = _Share(broker, config_path, cluster)
     path = _db(ctx, db_path)
-    found: list[Silence] = _read(path, lambda conn: db.silences(conn, now)) if share.local(path) else []
+    if share.settings is None:  # the shared ones as this database's evaluator applies them (capped, vetted)
+        from nvmon.alerts.persist import applied_shared_silences
+
+        found: list[Silence] = _read(path, lambda conn: db.silences(conn, now) + applied_shared_silences(conn, now))
+    else:
+        found = _read(path, lambda conn: db.silences(conn, now)) if share.local(path) else []
     until: dict[int | str, float | None] = {s.id: s.ends_at for s in found}  # as evaluators apply it
     if share.settings is not None:
         from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
