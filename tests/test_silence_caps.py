@@ -168,7 +168,8 @@ async def test_daemon_refuses_a_forged_silence_and_alerts_json_reports_shared_si
     with Broker(tmp_path) as broker:
         settings = MqttSettings(url=broker.url)
         async with Recorder(broker.url, "nvmon/v1/t/#") as rec:
-            d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100,nvlink_down=2.5@1", extra_toml=ALERTS_TOML).start()
+            d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100,nvlink_down=2.5@1",
+                           extra_toml=ALERTS_TOML).start()
             try:
                 await rec.wait_for("status", timeout=10)
                 # the attack: a silence of every node until 5138, published by anyone

@@ -147,7 +147,8 @@ class SharedControls:
     def _vet(self, cs: ControlSet) -> ControlSet:
         """`cs` as applied: refuse silences covering every node without `all_nodes`, cut those
         lasting longer than max_silence_s; log each silence not in the cluster's previous set once."""
-        before = {s.id: s for s in (self.received_sets[cs.cluster].silences if cs.cluster in self.received_sets else ())}
+        prev = self.received_sets.get(cs.cluster)
+        before = {s.id: s for s in (prev.silences if prev is not None else ())}
         keep, lines = [], []
         for s in cs.silences:
             new = before.get(s.id) != s
@@ -161,8 +162,8 @@ class SharedControls:
             if s.ends_at > cap:
                 if new:
                     self.capped_silences += 1
-                    lines.append((logging.WARNING, f"shared silence {_describe(s)} of cluster {cs.cluster} applied only "
-                                  f"until {iso(cap)}: longer than the maximum ({self.max_silence_s / 3600:g} h)"))
+                    lines.append((logging.WARNING, f"shared silence {_describe(s)} of cluster {cs.cluster} applied "
+                                  f"only until {iso(cap)}: longer than the maximum ({self.max_silence_s / 3600:g} h)"))
                 s = replace(s, ends_at=cap)
             elif new:
                 lines.append((logging.INFO, f"shared silence {_describe(s)} of cluster {cs.cluster} applied"))

@@ -409,7 +409,8 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: BrokerFlag
         from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
         from nvmon.alerts.shared import engine_controls, judged, read_every_shared, read_shared
 
-        max_h = load_fleet_config(config_path).alerts.max_silence_h if config_path is not None else DEFAULT_MAX_SILENCE_H
+        max_h = (load_fleet_config(config_path).alerts.max_silence_h if config_path is not None
+                 else DEFAULT_MAX_SILENCE_H)
         # Without --cluster every cluster's set, as `ack --broker` searches every cluster.
         sets = ([share.run(read_shared(share.settings, share.cluster))] if share.cluster is not None
                 else share.run(read_every_shared(share.settings)))

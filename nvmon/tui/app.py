@@ -4,7 +4,8 @@ With broker settings, the app runs a `FleetSubscriber` as a named worker in its 
 feeding the state; without them it shows the state it was given (tests, snapshots, benchmarks).
 The same connection reads the clusters' shared acks and silences (`nvmon/v1/<cluster>/@controls`)
 into `controls` (a `SharedControls`: the last good set per cluster; refused messages, and silences
-refused for covering every node without --all-nodes, count in the header's drops), which the alerts screen shows. The `FleetState` never sees them.
+refused for covering every node without --all-nodes, count in the header's drops), which the
+alerts screen shows. The `FleetState` never sees them.
 The fleet rules (`FleetAlerts`, the engine `nvmon fleet` runs) are judged over the same state on each
 redraw, so a dead node is on the alerts screen and in the header's alert count.
 Either way one timer (`refresh_s`, 1 s) redraws: it sets `header_info` (a reactive the headers
