@@ -255,7 +255,8 @@ def test_silences_json(tmp_path):
     r = nvmon(tmp_path, "alerts", "silences", "--db", str(path), "--json")
     assert r.returncode == 0, r.stderr
     [s] = json.loads(r.stdout)
-    assert set(s) == {"id", "shared", "matchers", "starts_at", "ends_at", "created_by", "comment"}
+    assert set(s) == {"id", "shared", "matchers", "starts_at", "ends_at", "created_by", "comment", "applied_until"}
+    assert s["applied_until"] == s["ends_at"]  # a local silence of 2 h: applied in full
     assert (s["id"], s["shared"], s["matchers"], s["created_by"], s["comment"]) == \
         (1, False, {"node": "gpu-07", "code": "node.*"}, "alice", "rebooting")
     assert s["ends_at"].endswith("Z") and s["starts_at"] < s["ends_at"]
