@@ -14,37 +14,27 @@ import json
 import platform
 import statistics
 
-from nvmon.collect.node import NodeSampler
-from nvmon.sim.node import SimNode
+from simcost import simulated_node
+
 from nvmon.wire import payloads
 
 BOARDS = ("hgx-h100", "hgx-h200", "hgx-b200", "hgx-h100,load=idle",
           "hgx-h100,nvlink_down=2.5,pcie_width=3:8,ib_rate=mlx5_1:100,power_cap=4:350")
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def ticks(spec: str, n: int) -> list:
-    clock = _Clock()
-    sim = SimNode(spec, clock=clock)
+    """`n` consecutive samples of a simulated board, after a warm-up tick (rates need two)."""
+    node, sampler, now = simulated_node(spec)
     try:
-        sampler = NodeSampler(sim.nvml, sysfs_root=sim.sysfs_root, node="gpu-node-01", before_tick=sim.sync,
-                              clock=clock)
         sampler.open()
         sampler.sample()
         out = []
         for _ in range(n):
-            clock.t += 1
+            now[0] += 1.0
             out.append(sampler.sample())
         return out
     finally:
-        sim.close()
+        node.close()
 
 
 def average(samples: list, *, pcie_as_arrays: bool) -> float:
