@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +23,8 @@ from pathlib import Path
 
 import psutil
 
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+from fleet_scale import MOSQUITTO, cpu_s, free_port  # one copy of the bench's broker helpers
+
 SUBSCRIBER = """\
 import sys, time
 import paho.mqtt.client as mqtt
@@ -43,17 +42,6 @@ while True:
     time.sleep(0.5)
     print(n, b, flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_s(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
 
 
 class Counter:

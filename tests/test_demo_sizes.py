@@ -45,44 +45,38 @@ def left_behind(tmp_path) -> list[str]:
             if any(root in a for a in (p.info["cmdline"] or []))]
 
 
-def stop(proc: subprocess.Popen) -> tuple[str, float]:
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=30)[0]
-    return rest, time.monotonic() - t0
-
-
-@needs_mosquitto
-def test_the_largest_demo_comes_up_within_20_s_and_stops_within_5_s(tmp_path):
-    proc = start(tmp_path, "--nodes", str(MAX_NODES), "--racks", "5")
+def run_until_then_stop(tmp_path, args: tuple[str, ...], *patterns: tuple[str, float]) -> tuple[str, float, int]:
+    """Start a headless demo, read until each (pattern, timeout) in turn, then SIGINT it: returns
+    (its whole output, seconds the stop took, exit status). A demo left running is killed."""
+    proc = start(tmp_path, *args)
     try:
-        out, _ = read_until(proc, r"cluster 'demo', mosquitto mqtt://127\.0\.0\.1:\d+", 15)
-        # the status lines come every 5 s after start: the one at t+20s at the latest
-        more, _ = read_until(proc, rf"^t\+(5|10|15|20)s\s+online {MAX_NODES}/{MAX_NODES}\b", 30)
-        out += more
-        rest, took = stop(proc)
+        out = "".join(read_until(proc, pattern, timeout)[0] for pattern, timeout in patterns)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out += proc.communicate(timeout=30)[0]
+        return out, time.monotonic() - t0, proc.returncode
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    out += rest
-    assert proc.returncode == 0 and "Traceback" not in out, out
+
+
+@needs_mosquitto
+def test_the_largest_demo_comes_up_within_20_s_and_stops_within_5_s(tmp_path):
+    out, took, rc = run_until_then_stop(
+        tmp_path, ("--nodes", str(MAX_NODES), "--racks", "5"),
+        (r"cluster 'demo', mosquitto mqtt://127\.0\.0\.1:\d+", 15),
+        # the status lines come every 5 s after start: the one at t+20s at the latest
+        (rf"^t\+(5|10|15|20)s\s+online {MAX_NODES}/{MAX_NODES}\b", 30))
+    assert rc == 0 and "Traceback" not in out, out
     assert took < 5.0, f"stopped in {took:.1f} s"
     assert "stopped; broker, nodes and temporary files are gone" in out
     assert not left_behind(tmp_path) and not list((tmp_path / "tmp").iterdir())
 
 
 def test_the_embedded_broker_on_request(tmp_path):
-    proc = start(tmp_path, "--nodes", "3", "--embedded-broker")
-    try:
-        out, _ = read_until(proc, r"online 3/3", 20)
-        rest, took = stop(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    out += rest
-    assert "embedded broker mqtt://" in out and proc.returncode == 0 and "Traceback" not in out, out
+    out, took, rc = run_until_then_stop(tmp_path, ("--nodes", "3", "--embedded-broker"), (r"online 3/3", 20))
+    assert "embedded broker mqtt://" in out and rc == 0 and "Traceback" not in out, out
     assert took < 5.0 and not list((tmp_path / "tmp").iterdir())
 
 
