@@ -4,6 +4,7 @@ over bindings with chosen names taken away (as an older nvidia-ml-py would lack 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 from nvmon.collect.node import NodeSampler
 from nvmon.sim.node import SimNode
@@ -31,3 +32,10 @@ def sampled(spec: str, *remove: str):
         sampler.close()
     finally:
         node.close()
+
+
+def first_sample(spec: str, node: str = "n"):
+    """The first sample of a simulated board (no rates yet: a static look, as `nvmon audit` takes)."""
+    with sampled(spec) as (_, sampler, _clock):
+        s = sampler.sample()
+    return s if node == "n" else replace(s, node=node)

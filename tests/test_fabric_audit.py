@@ -11,25 +11,13 @@ from click.testing import CliRunner
 
 from nvmon.audit import audit
 from nvmon.cli.node import audit as audit_command
-from nvmon.collect.node import NodeSampler
 from nvmon.model import GpuFabric, Topology
 from nvmon.sim.node import SimNode
-
-
-def sim_sample(spec: str):
-    node = SimNode(spec)
-    try:
-        sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n", before_tick=node.sync)
-        sampler.open()
-        s = sampler.sample()
-        sampler.close()
-        return s
-    finally:
-        node.close()
+from simboard import first_sample
 
 
 def fabric_findings(spec: str):
-    s = sim_sample(spec)
+    s = first_sample(spec)
     return s, [f for f in audit(s).findings if f.code.startswith("fabric.")]
 
 
@@ -58,7 +46,7 @@ def test_fabric_manager_down_is_one_critical_finding_for_the_node(state, word):
 
 
 def test_not_ready_without_nvswitch_links_is_not_judged():
-    s = sim_sample("hgx-h100,fabric=in_progress")
+    s = first_sample("hgx-h100,fabric=in_progress")
     bare = replace(s, topology=Topology("none"), gpus=tuple(replace(g, nvlink=()) for g in s.gpus))
     assert [f for f in audit(bare).findings if f.code.startswith("fabric.")] == []
 
@@ -95,7 +83,7 @@ def test_hopper_reports_no_summary_but_the_mask_bit_is_judged():
 
 
 def test_a_lost_gpu_or_an_unread_fabric_is_not_judged():
-    s = sim_sample("hgx-h100")
+    s = first_sample("hgx-h100")
     gpus = list(s.gpus)
     gpus[0] = replace(gpus[0], lost=True, fabric=GpuFabric(state=2))
     gpus[1] = replace(gpus[1], fabric=GpuFabric())
@@ -119,7 +107,7 @@ def test_metrics_show_the_fabric_state_its_health_fields_and_the_finding():
 
     def page(spec: str) -> dict[str, list]:
         ex = PrometheusExporter("127.0.0.1:0", health=lambda: None)
-        ex.update(sim_sample(spec))
+        ex.update(first_sample(spec))
         return {f.name: f.samples for f in text_string_to_metric_families(ex.page()[0].decode())}
 
     def values(fams, name, **labels):
@@ -144,10 +132,10 @@ def test_the_fleet_row_marks_the_links_column_from_the_findings_the_wire_carries
     from nvmon.wire.parse import parse_message
     from nvmon.wire.payloads import sample_payload
 
-    s = sim_sample("hgx-h100,fabric=in_progress")
+    s = first_sample("hgx-h100,fabric=in_progress")
     tick = parse_message("nvmon/v1/c/n/sample", sample_payload(s, audit(s).findings))
     assert summarize(tick, None).marks == {"links": "critical"}
-    ok = sim_sample("hgx-h100")
+    ok = first_sample("hgx-h100")
     assert summarize(parse_message("nvmon/v1/c/n/sample", sample_payload(ok, audit(ok).findings)), None).marks == {}
 
 
@@ -171,7 +159,7 @@ def test_h200_single_answers_not_supported_through_the_real_pynvml_and_audits_ok
     finally:
         node.close()
     assert tried >= 1
-    s = sim_sample("h200-single")
+    s = first_sample("h200-single")
     report = audit(s)
     assert [g.name for g in s.gpus] == ["NVIDIA H200 NVL"] and s.gpus[0].fabric.state is None
     assert s.gpus[0].notes == ()  # Not Supported is a capability, not a note

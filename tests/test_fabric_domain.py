@@ -14,10 +14,9 @@ import pytest
 from rich.console import Console
 
 from nvmon.audit import fabric_domain
-from nvmon.collect.node import NodeSampler
 from nvmon.fleet.state import FleetState
 from nvmon.render import render_sample
-from nvmon.sim.node import SimNode
+from simboard import first_sample
 from nvmon.sim.scenario import SimSpecError, parse_scenario
 from nvmon.wire.contract import WireError, topic
 from nvmon.wire.parse import parse_message
@@ -26,19 +25,6 @@ from nvmon.wire.payloads import inventory_payload, status_payload
 UUID = "1b2c3d4e-0000-4000-8000-00000000abcd"
 ZERO = "00000000-0000-0000-0000-000000000000"
 T0 = 1_700_000_000.0
-
-
-def sample_of(spec: str):
-    node = SimNode(spec, clock=lambda: T0)
-    try:
-        sampler = NodeSampler(node.nvml, sysfs_root=node.sysfs_root, node="n1", before_tick=node.sync,
-                              clock=lambda: T0)
-        sampler.open()
-        s = sampler.sample()
-        sampler.close()
-        return s
-    finally:
-        node.close()
 
 
 def inventory_of(s, node: str = "n1") -> dict:
@@ -52,7 +38,7 @@ def inventory_of(s, node: str = "n1") -> dict:
     ("pcie-l40s", None, None, False),  # no fabric: nothing reported
 ])
 def test_the_domain_from_the_simulated_fabric_to_the_inventory_and_back(spec, uuid, clique, multi):
-    s = sample_of(spec)
+    s = first_sample(spec, "n1")
     d = fabric_domain(s)
     assert (d.cluster_uuid, d.clique_id, d.multi_node) == (uuid, clique, multi)
     inv = inventory_of(s)
@@ -73,14 +59,14 @@ def test_the_domain_from_the_simulated_fabric_to_the_inventory_and_back(spec, uu
     (0, "fabric"),
 ])
 def test_the_reader_refuses_a_bad_domain(fabric, error):
-    inv = inventory_of(sample_of("hgx-h100"))
+    inv = inventory_of(first_sample("hgx-h100", "n1"))
     inv["fabric"] = fabric
     with pytest.raises(WireError, match=error.replace("[", r"\[")):
         parse_message(topic("c1", "n1", "inventory"), json.dumps(inv).encode())
 
 
 def test_an_inventory_without_the_block_still_reads():  # from a daemon older than the field
-    inv = inventory_of(sample_of("hgx-h100"))
+    inv = inventory_of(first_sample("hgx-h100", "n1"))
     del inv["fabric"]
     got = parse_message(topic("c1", "n1", "inventory"), json.dumps(inv).encode())
     assert (got.fabric_cluster_uuid, got.fabric_clique_id, got.cluster_uuid) == (None, None, None)
@@ -95,7 +81,7 @@ def test_the_fleet_state_groups_nodes_by_cluster_uuid():
         assert state.apply(topic("c1", node, "status"), status_payload("online", version="1", interval_s=1.0,
                                                                         ts=T0), T0)
         assert state.apply(topic("c1", node, "inventory"), inventory_payload(
-            dataclasses.replace(sample_of(spec), node=node), cluster="c1"), T0)
+            dataclasses.replace(first_sample(spec, "n1"), node=node), cluster="c1"), T0)
     groups: dict = {}
     for (_, node), view in sorted(state.nodes.items()):
         groups.setdefault(view.cluster_uuid, []).append(node)
@@ -104,12 +90,12 @@ def test_the_fleet_state_groups_nodes_by_cluster_uuid():
 
 
 def test_nvmon_sample_shows_the_domain_in_text_and_json():
-    s = sample_of(f"hgx-b200,fabric_cluster={UUID}:7")
+    s = first_sample(f"hgx-b200,fabric_cluster={UUID}:7", "n1")
     console = Console(width=80, record=True, file=open("/dev/null", "w"))
     console.print(render_sample(s))
     assert f"NVLink domain: cluster {UUID}, clique 7" in console.export_text()
     console = Console(width=80, record=True, file=open("/dev/null", "w"))
-    console.print(render_sample(sample_of("hgx-h100")))
+    console.print(render_sample(first_sample("hgx-h100", "n1")))
     assert "NVLink domain: this board (cluster UUID zero, clique 0)" in console.export_text()
     r = subprocess.run([sys.executable, "-m", "nvmon", "sample", "--json", "--interval", "0.1", "--sim",
                         f"hgx-h200,fabric_cluster={UUID}:3"], capture_output=True, text=True, timeout=120)
