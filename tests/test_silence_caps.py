@@ -51,13 +51,43 @@ def test_all_nodes_is_an_extra_key_written_only_when_set_and_strictly_read():
         parse_controls(TOPIC, json.dumps(d).encode())
 
 
-@pytest.mark.parametrize(("matchers", "every"), [({"code": "x"}, True), ({"node": "*"}, True), ({"node": "**"}, True),
-                                                 ({"node": "*?*"}, True), ({"node": "gpu-*"}, False),
-                                                 ({"node": "gpu-07"}, False), ({"node": "?"}, False),
-                                                 ({"fingerprint": "3f2a9c1d00aa11bb"}, False),
-                                                 ({"fingerprint": "3f2a*"}, True)])
+@pytest.mark.parametrize(("matchers", "every"), [
+    ({"code": "x"}, True), ({"node": "*"}, True), ({"node": "**"}, True), ({"node": "*?*"}, True),
+    ({"node": "?*"}, True), ({"node": "??*"}, True),  # misses one-letter names only: a whole real fleet
+    ({"node": "???????"}, True), ({"node": "?"}, True),  # a length only: gpu-001 … gpu-999 are all 7
+    ({"node": "[!/]*"}, True), ({"node": "*[!#]*"}, True), ({"node": "[!]*]*"}, True),  # classes no name char escapes
+    ({"node": "[-.0-9A-Za-z_]*"}, True),
+    ({"node": "*-*"}, False), ({"node": "gpu-*"}, False), ({"node": "gpu-07"}, False), ({"node": "[a-f]*"}, False),
+    ({"node": "[!a]*"}, False), ({"node": "*[!.]*"}, False),  # '...' is a node name
+    ({"node": "*[!]"}, False), ({"node": "[*]"}, False), ({"node": ""}, False),  # literal '[', '*'; nothing
+    ({"fingerprint": "3f2a9c1d00aa11bb"}, False), ({"fingerprint": "3f2a*"}, True),
+    ({"fingerprint": "3f2a*", "node": "gpu-*"}, False)])
 def test_which_silences_cover_every_node(matchers, every):
     assert covers_every_node(matchers) is every
+
+
+def test_a_node_wide_pattern_matches_by_length_only():
+    """Cross-check with fnmatch itself over random globs: whenever covers_every_node says a pattern
+    names no character, whether it matches a name depends on the name's length alone."""
+    import fnmatch
+    import random
+
+    from nvmon.alerts.shared import NAME_CHARS
+    from nvmon.wire.contract import valid_name
+
+    rng = random.Random(16)
+    pieces = ["*", "?", "[!/]", "[!]", "]", "[", "!", "a", "-", ".", "[a-z]", "[!a]", "[-.0-9A-Za-z_]", "[!#]"]
+    names = [n for n in ("".join(rng.choice(NAME_CHARS) for _ in range(rng.randint(1, 9))) for _ in range(300))
+             if valid_name(n)]
+    wide = 0
+    for _ in range(3000):
+        pattern = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 5)))
+        if covers_every_node({"node": pattern}):
+            wide += 1
+            for name in names:
+                assert fnmatch.fnmatchcase(name, pattern) == fnmatch.fnmatchcase("x" * len(name), pattern), \
+                    (pattern, name)
+    assert wide > 100  # the check ran on many node-wide patterns
 
 
 # -- what an evaluator applies ------------------------------------------------------------------

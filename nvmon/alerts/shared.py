@@ -18,7 +18,7 @@ evaluator trusts it only so far (docs/alerts.md, "Limits on shared silences"):
 
 - it lasts at most `max_silence_s` from its start (`[alerts] max_silence_h`, default 7 days): a
   longer one is applied only up to then;
-- one that covers every node (no `node` matcher, or one of wildcards only) is refused unless its
+- one that covers every node (no `node` matcher, or one naming no character: `covers_every_node`) is refused unless its
   writer set `all_nodes` (`nvmon alerts silence --all-nodes`);
 - each new silence applied, cut short or refused is logged once, naming who set it and until when;
   refusals are counted (`SharedControls.refused_silences`).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import logging
 import os
 import re
@@ -40,7 +41,7 @@ from typing import NoReturn
 from nvmon.aio import running
 from nvmon.alerts.model import Silence, iso
 from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
-from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription
+from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription, valid_name
 from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
 from nvmon.wire.mqtt import Backoff, MqttSettings, make_client
 from nvmon.wire.session import MqttSession
@@ -50,8 +51,9 @@ log = logging.getLogger("nvmon.alerts")
 RETAINED_WAIT_S = 1.0  # how long a writer waits for the retained set after subscribing
 DEFAULT_MAX_SILENCE_S = DEFAULT_MAX_SILENCE_H * 3600.0
 LOG_PER_MESSAGE = 10  # new silences logged one by one per control message; the rest summed up
-_WILDCARDS = re.compile(r"[*?]*")
 _GLOB = re.compile(r"[*?\[]")
+# Every character a node name may hold, as the wire contract says (`...` is a name, `.` is not).
+NAME_CHARS = "".join(c for c in map(chr, range(128)) if valid_name(c * 3))
 Acks = dict[tuple[str, int], float]
 
 
@@ -73,13 +75,44 @@ def engine_controls(cs: ControlSet, now: float) -> tuple[Acks, list[Silence]]:
 
 
 def covers_every_node(matchers: Mapping[str, str]) -> bool:
-    """No `node` matcher, or one made of wildcards only (`*`, `**`, `*?*`): every node's alerts match.
-    A `fingerprint` without wildcards names one alert (of one node or rack): never every node."""
+    """Whether a silence reaches every node's alerts: no `node` matcher, or a node pattern that names
+    no character of a node's name (only `*`, `?` and `[...]` classes that admit every character a
+    node name may hold: `*`, `?*`, `??*`, `[!/]*`, `???`). Such a pattern picks nodes by the length of
+    their names at most, and one naming scheme gives a fleet names of one length (`???????` is every
+    `gpu-001`…`gpu-999`), so it counts as every node. A pattern with any character in it (`*-*`,
+    `gpu-*`, `[a-f]*`) is a subset. A `fingerprint` without wildcards names one alert (of one node or
+    rack): never every node."""
     fp = matchers.get("fingerprint")
     if fp is not None and not _GLOB.search(fp):
         return False
     pattern = matchers.get("node")
-    return pattern is None or (_WILDCARDS.fullmatch(pattern) is not None and "*" in pattern)
+    return pattern is None or _names_no_character(pattern)
+
+
+def _names_no_character(pattern: str) -> bool:
+    """True when every token of the glob (fnmatch's grammar: `*`, `?`, `[...]`, `[!...]`, a literal)
+    admits every character of a node name, i.e. the pattern constrains a name's length at most.
+    Each token is tried with fnmatch itself, so its class syntax (ranges, `!`, a leading `]`) is
+    fnmatch's, never a second reading of it."""
+    tokens, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "[":  # as fnmatch.translate finds a class's end; without one, `[` is a literal
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j < n:
+                tokens.append(pattern[i:j + 1])
+                i = j + 1
+                continue
+        if c != "*":
+            tokens.append(c)
+        i += 1
+    return bool(pattern) and all(fnmatch.fnmatchcase(ch, t) for t in tokens for ch in NAME_CHARS)
 
 
 def judged(s: SharedSilence, max_silence_s: float = DEFAULT_MAX_SILENCE_S) -> float | None:
