@@ -8,6 +8,7 @@
     history.py  history          tui.py      tui          demo.py     demo
     fleet.py    fleet (the evaluator in nvmon.fleet.service, as a command)
     simfleet.py sim-fleet (the load generator, nvmon.loadgen, as a command)
+    config.py   config check (the daemon's and fleet's readers; effective config, secrets masked)
 
 Nothing below this package imports it (tests/test_layers.py); it may import any layer.
 """

@@ -27,6 +27,7 @@ def cli() -> None:
 def _register_subcommands() -> None:
     """One module per command or group in this package."""
     from nvmon.cli.alerts import alerts_command
+    from nvmon.cli.config import config_group
     from nvmon.cli.demo import demo_command
     from nvmon.cli.fleet import fleet_command
     from nvmon.cli.history import history_command
@@ -38,7 +39,8 @@ def _register_subcommands() -> None:
     from nvmon.cli.tui import tui_command
 
     for command in (sample, audit, daemon, profiles_command, alerts_command, demo_command, history_command,
-                    hooks_group, fleet_command, sim_fleet_command, tui_command, nodes_command, forget_command):
+                    hooks_group, fleet_command, sim_fleet_command, tui_command, nodes_command, forget_command,
+                    config_group):
         command.short_help = SHORT_HELP.get(command.name, command.short_help)
         cli.add_command(command)
 
@@ -59,6 +61,7 @@ SHORT_HELP = {
     "tui": "Live view of the fleet: nodes, GPUs, alerts.",
     "nodes": "List a fleet's nodes and their liveness.",
     "forget": "Forget decommissioned nodes on the broker.",
+    "config": "Check a config file; print it with defaults filled in.",
 }
 
 
