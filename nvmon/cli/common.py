@@ -108,17 +108,36 @@ def stdout_console():
     return Console(highlight=False, width=None if on_terminal() else 200)
 
 
-def setup_logging(level: str) -> None:
-    """The long-running commands' log lines: under systemd (JOURNAL_STREAM set) the journal adds the
-    time, so lines carry none."""
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """The long-running commands' log lines on stderr. `fmt` "text": under systemd (JOURNAL_STREAM
+    set) the journal adds the time, so lines carry none; "json": one JSON object a line
+    (nvmon.cli.logformat)."""
     import logging
 
+    if fmt == "json":
+        from nvmon.cli.logformat import JsonFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level.upper(), handlers=[handler])
+        return
     journald = bool(os.environ.get("JOURNAL_STREAM"))
     logging.basicConfig(
         level=level.upper(),
         format=("%(name)s: %(levelname)s: %(message)s" if journald
                 else "%(asctime)s %(name)s %(levelname)s: %(message)s"),
     )
+
+
+def log_options(f):
+    """--log-level and --log-format, for the long-running commands (daemon, fleet)."""
+    from nvmon.cli.logformat import LOG_FORMATS
+
+    f = click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+                     help="Log lines on stderr: text, or json (one object a line: time, level, logger, "
+                          "message, exception) for journald / Loki.")(f)
+    return click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+                        default="info", show_default=True)(f)
 
 
 def load_fleet_config(path: Path | None):

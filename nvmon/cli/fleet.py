@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 
 from nvmon.cli.common import (DEFAULT_BROKER, DEFAULT_FLEET_DB, NAME_HINT, BrokerFlags, broker_options,
-                              check_broker_files, check_db_writable, load_fleet_config, resolve_db, setup_logging)
+                              check_broker_files, check_db_writable, load_fleet_config, resolve_db, setup_logging,
+                              log_options)
 from nvmon.fleet.service import DEFAULT_CONFIG
 
 
@@ -37,10 +38,9 @@ def check_clusters(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
               help=f"SQLite file for fleet alert state (default: [fleet] db, {DEFAULT_FLEET_DB}; outside "
                    "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/fleet.db).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@log_options
 def fleet_command(broker: BrokerFlags, clusters: tuple[str, ...], config_path: Path | None, db_path: Path | None,
-                  log_level: str) -> None:
+                  log_level: str, log_format: str) -> None:
     """Evaluate fleet rules and run the on-call hooks: node offline (MQTT will) or stale, rack
     power over budget, many nodes with the same fault (docs/alerts.md, "Fleet rules").
 
@@ -60,5 +60,5 @@ def fleet_command(broker: BrokerFlags, clusters: tuple[str, ...], config_path: P
     check_broker_files(settings)
     db = resolve_db(db_path or cfg.fleet.db, DEFAULT_FLEET_DB, create=True)
     check_db_writable(db)
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     sys.exit(asyncio.run(run_fleet(cfg, settings, clusters=clusters or cfg.fleet.watched, db=db)))

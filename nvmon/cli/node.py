@@ -15,7 +15,7 @@ import click
 
 from nvmon.cli.common import (DEFAULT_BROKER, DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, NvmonUsageError,
                               broker_options, check_broker_files, check_db_writable, check_interval, mqtt_settings,
-                              on_terminal, resolve_db, setup_logging, stdout_console)
+                              log_options, on_terminal, resolve_db, setup_logging, stdout_console)
 
 
 class AuditError(NvmonError):
@@ -179,9 +179,9 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
 @click.option("--sysfs-root", metavar="DIR", help="Directory standing in for /sys.")
 @click.option("--prometheus", metavar="HOST:PORT",
               help="Serve Prometheus /metrics there, e.g. 0.0.0.0:9400 (docs/prometheus.md); '' for none.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
-def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_root, prometheus, log_level) -> None:
+@log_options
+def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_root, prometheus, log_level,
+           log_format) -> None:
     """Run the node agent: sample every second, keep history in SQLite, publish over MQTT,
     and (with --prometheus) serve /metrics, dcgm-exporter compatible.
 
@@ -209,7 +209,7 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
         except SimSpecError as e:
             raise (NvmonUsageError if sim else NvmonError)(str(e)) from None
     cfg = _checked_paths(cfg)
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     from nvmon.daemon.main import Daemon
 
     try:
