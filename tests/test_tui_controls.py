@@ -154,3 +154,51 @@ def test_shared_marks_use_the_engines_matching_and_episode_rules():
     assert log.shared_marks(rows, sc, state, now + 60).keys() == {ib}  # both silences over
     assert AlertLog.silence_count(sc, now) == 1 and AlertLog.silence_count(sc, now, "u") == 0
     assert alert_record(("t", "n1"), "r1", alerts[0]).rack == "r1"
+
+
+@needs_mosquitto
+async def test_silences_are_capped_at_the_configs_max_silence_h(tmp_path):
+    """The TUI caps shared silences as nvmon fleet does ([alerts] max_silence_h): a 10 h silence
+    set elsewhere shows as applied for 1 h, and `x` silences for 1 h instead of 2."""
+    now = time.time()
+    with Broker(tmp_path) as broker:
+        await publish_alerts(broker.url, "t", "n1", now)
+        _, change = shared_silence({"node": "n1", "code": "ib.rate"}, now - 60, now + 10 * 3600, "carol", None)
+        await update_shared(MqttSettings(url=broker.url), "t", change)
+        app = NvmonApp(MqttSettings(url=broker.url), cluster="t", source="caps test", refresh_s=0.1,
+                       max_silence_s=3600.0)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(lambda: app.subscriber.status.connected, 10, "the subscriber")
+            await pilot.press("a")
+            await wait_until(lambda: len(cells(app)) == 2 and cells(app)["ib.rate"][1].startswith("muted "), 10,
+                             "the shared silence on screen")
+            (applied,) = app.controls.sets["t"].silences
+            assert applied.ends_at == applied.starts_at + 3600 and abs(applied.starts_at - (now - 60)) < 0.01  # not 10 h
+            assert cells(app)["ib.rate"][1].endswith(" 58m")  # left of the hour from 1 min ago, not 9h58m
+            await pilot.press("x")  # on the critical one, first in the list
+            await wait_until(lambda: len(app.controls.received_sets["t"].silences) == 2, 10, "x's silence shared")
+            mine = next(s for s in app.controls.received_sets["t"].silences if s.comment == "nvmon tui")
+            assert mine.ends_at - mine.starts_at == 3600.0 and mine.matchers == {"node": "n1", "code": "nvlink.link_down"}
+            await wait_until(lambda: any("for 1 h (silence" in str(n.message) for n in app._notifications), 5,
+                             "the toast")
+
+
+def test_tui_takes_max_silence_h_from_its_config(tmp_path, monkeypatch):
+    """`nvmon tui --config` hands the app the config's [alerts] max_silence_h (the app itself runs
+    in the Pilot test above); without --config, the default (7 days)."""
+    from click.testing import CliRunner
+
+    from nvmon.alerts.shared import DEFAULT_MAX_SILENCE_S
+    from nvmon.cli.tui import tui_command
+
+    made = []
+    monkeypatch.setattr(NvmonApp, "run", lambda self: made.append((self.max_silence_s, self.controls.max_silence_s)))
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text('[mqtt]\nbroker = "mqtt://127.0.0.1:1"\n[alerts]\nmax_silence_h = 1.5\n')
+    assert CliRunner().invoke(tui_command, ["--config", str(cfg)]).exit_code == 0
+    assert CliRunner().invoke(tui_command, ["--broker", "mqtt://127.0.0.1:1"]).exit_code == 0
+    assert made == [(5400.0, 5400.0), (DEFAULT_MAX_SILENCE_S, DEFAULT_MAX_SILENCE_S)]
+    cfg.write_text('[alerts]\nmax_silence_h = -1\n')
+    r = CliRunner().invoke(tui_command, ["--config", str(cfg)])
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    assert r.output.endswith("fleet.toml: alerts.max_silence_h: must be greater than 0\n")

@@ -14,7 +14,8 @@ from nvmon.cli.common import (DEFAULT_BROKER, BrokerFlags, broker_options, check
 @click.command("tui")
 @broker_options(broker_help=f"Default: --config's [mqtt] broker, else {DEFAULT_BROKER}.")
 @click.option("--config", "config_path", default=None, metavar="PATH", type=click.Path(dir_okay=False, path_type=Path),
-              help="A daemon or fleet TOML config: its [mqtt] broker, user, password and TLS files.")
+              help="A daemon or fleet TOML config: its [mqtt] broker, user, password and TLS files, and "
+                   "[alerts] max_silence_h (the longest shared silence shown as applied, and x's cap).")
 @click.option("--cluster", callback=check_cluster, help="Show one cluster (default: every cluster on the broker).")
 @click.option("--rack-budget-kw", type=click.FloatRange(min=0, min_open=True), metavar="KW",
               help="Power budget per rack, shown against each rack's GPU draw when grouped by rack (g).")
@@ -28,7 +29,8 @@ def tui_command(broker: BrokerFlags, config_path: Path | None, cluster: str | No
     Keys: Enter node · / filter · s sort · g racks · p problems · a alerts · ? help · q quit
     Try it without hardware:  nvmon sim-fleet --nodes 50 --racks 4 &  nvmon tui
     """
-    m = load_fleet_config(config_path).mqtt if config_path is not None else None
+    cfg = load_fleet_config(config_path) if config_path is not None else None
+    m = cfg.mqtt if cfg is not None else None
     settings = broker.settings(m)
     check_broker_files(settings)  # before the screen opens: a wrong file is not a retry loop
     # Logs must not scribble over the screen: to --log-file, else nowhere (the header and its
@@ -44,7 +46,8 @@ def tui_command(broker: BrokerFlags, config_path: Path | None, cluster: str | No
     try:
         from nvmon.tui.app import NvmonApp
 
-        NvmonApp(settings, cluster=cluster, rack_budget_kw=rack_budget_kw).run()
+        caps = {"max_silence_s": cfg.alerts.max_silence_h * 3600} if cfg is not None else {}
+        NvmonApp(settings, cluster=cluster, rack_budget_kw=rack_budget_kw, **caps).run()
     finally:  # as it was: the process may go on (tests run the command in-process)
         for lg, propagate, level in saved:
             lg.removeHandler(handler)

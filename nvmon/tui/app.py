@@ -30,7 +30,7 @@ from textual.reactive import reactive
 from textual.scrollbar import ScrollBar, ScrollBarRender
 from textual.worker import Worker, WorkerState
 
-from nvmon.alerts.shared import SharedControls
+from nvmon.alerts.shared import DEFAULT_MAX_SILENCE_S, SharedControls
 from nvmon.fleet.alerting import FleetAlerts, blind_now
 from nvmon.fleet.rules import FleetRules, FleetSettings
 from nvmon.fleet.state import FleetState, NodeKey
@@ -70,12 +70,16 @@ class NvmonApp(App):
     def __init__(self, settings: MqttSettings | None, *, cluster: str | None = None, source: str | None = None,
                  state: FleetState | None = None, clock: Callable[[], float] = time.time,
                  rack_budget_kw: float | None = None, refresh_s: float = 1.0, notice: str | None = None,
-                 notes: tuple[str, ...] = ()):
+                 notes: tuple[str, ...] = (), max_silence_s: float = DEFAULT_MAX_SILENCE_S):
         super().__init__()
         ScrollBar.renderer = WholeCellScrollBar  # Textual's documented hook; nvmon's is the process's only app
         self.settings, self.cluster, self.clock, self.refresh_s = settings, cluster, clock, refresh_s
         self.state = state if state is not None else FleetState()
-        self.controls = SharedControls() if settings else None  # shared acks and silences, per cluster
+        # Shared acks and silences, per cluster, capped as the evaluators cap them ([alerts]
+        # max_silence_h of --config, as nvmon fleet's): a longer silence shows as applied only up to
+        # its cap, and `x` silences for at most that long.
+        self.max_silence_s = max_silence_s
+        self.controls = SharedControls(max_silence_s=max_silence_s) if settings else None
         self.subscriber = (FleetSubscriber(settings, self.state, cluster=cluster, clock=clock,
                                            controls=self.controls.apply) if settings else None)
         self.source = source or (settings.url if settings is not None else "local state")

@@ -1,6 +1,6 @@
 """The alerts screen: active alerts across the fleet, most severe first, then those this view saw
-resolve. `k` acks the selected alert's episode and `x` silences its node + code for SILENCE_S,
-both published in the cluster's shared set on the app's broker (nvmon.alerts.shared), which every
+resolve. `k` acks the selected alert's episode and `x` silences its node + code for SILENCE_S (or
+the app's `max_silence_s`, `[alerts] max_silence_h` of `--config`, when shorter), both published in the cluster's shared set on the app's broker (nvmon.alerts.shared), which every
 daemon and `nvmon fleet` of the cluster honours. Without a broker they are marks in this view only.
 
 With a broker the screen shows the shared set as it is (the app reads the clusters' control
@@ -36,6 +36,14 @@ COLUMNS = (("sev", "Sev", 6), ("node", "Node", 14), ("code", "Code", 18), ("wher
 SUMMARY_MIN = 16
 SUMMARY_WIDE = 40  # Ack / silence is on screen beside Summary when Summary keeps at least this much
 SILENCE_S = 2 * 3600.0  # `x`: silence the selected alert's node + code this long
+
+
+def duration_words(seconds: float) -> str:
+    """'2 h', '90 min', '45 s': how long `x` silences."""
+    for unit, name in ((3600, "h"), (60, "min")):
+        if seconds >= unit and seconds % unit == 0:
+            return f"{seconds / unit:g} {name}"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def hint(alert) -> str:
@@ -295,8 +303,9 @@ class AlertsScreen(Screen):
                 return
             change, done = shared_ack(a.fingerprint, a.starts_at, now, by), f"acknowledged {a.code} on {node}"
         else:
-            sid, change = shared_silence({"node": node, "code": a.code}, now, now + SILENCE_S, by, "nvmon tui")
-            done = f"silenced {a.code} on {node} for {SILENCE_S / 3600:g} h (silence {sid})"
+            length = min(SILENCE_S, self.app.max_silence_s)  # evaluators would cut a longer one anyway
+            sid, change = shared_silence({"node": node, "code": a.code}, now, now + length, by, "nvmon tui")
+            done = f"silenced {a.code} on {node} for {duration_words(length)} (silence {sid})"
         try:
             async with self.app.share_lock:  # one read-modify-write of the shared set at a time
                 cs = await update_shared(self.app.settings, cluster, change, clock=self.app.now)
