@@ -11,6 +11,7 @@ cumulative counters keep their raw value, and `*_delta` holds their rise over th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import IntEnum, IntFlag
 from typing import Any
@@ -126,6 +127,22 @@ FABRIC_INCORRECT_CONFIGURATION = {2: "incorrect system GUID", 3: "incorrect chas
                                   4: "no partition", 5: "insufficient NVLinks", 6: "incompatible GPU firmware",
                                   7: "invalid location", 8: "GPU state invalid"}
 FABRIC_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}  # 0: not supported (v3 only)
+
+
+# A PCI address as NVML writes it ("00000000:18:00.0": 8-digit domain, upper case) or sysfs / lspci
+# ("0000:18:00.0"). The data keeps each source's form (the JSON, the wire, dcgm-exporter's labels);
+# views show every bus id through `short_bus_id`, so two forms never sit side by side.
+_BUS_ID = re.compile(r"^([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$")
+
+
+def short_bus_id(bus_id: str | None) -> str | None:
+    """'00000000:18:00.0' → '0000:18:00.0' (the short domain, lower case, as lspci and sysfs show);
+    a domain past 0xffff keeps its digits; text that is no bus id is returned as it is."""
+    m = _BUS_ID.match(bus_id) if bus_id else None
+    if m is None:
+        return bus_id
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{dev.lower()}.{fn}"
 
 
 def fabric_health(mask: int | None) -> dict[str, int]:

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from nvmon.audit import AuditReport, Finding, audit, describe_board, fabric_domain
 from nvmon.codes import SEVERITIES, Severity
-from nvmon.model import GpuSample, IbPortSample, PcieLink, Sample
+from nvmon.model import GpuSample, IbPortSample, PcieLink, Sample, short_bus_id
 
 OK, BAD, WARN, INFO, UP = "✓", "✗", "⚠", "ℹ", "↑"  # the TUI's (nvmon.tui.text.SYMBOL) too
 SEVERITY_SYMBOL = {"critical": BAD, "warning": WARN, "info": INFO}  # a finding's or an alert's mark
@@ -334,7 +334,7 @@ def _nvswitch_table(sample: Sample) -> Table:
     _col(table, "NVSwitch", squeeze=True)
     _col(table, "PCIe")
     for sw in sample.nvswitches:
-        table.add_row(_one_line(literal(sw.pci_bus_id)), pcie_cell(sw.pcie))  # a management link: not judged
+        table.add_row(_one_line(literal(short_bus_id(sw.pci_bus_id))), pcie_cell(sw.pcie))  # not judged
     return table
 
 

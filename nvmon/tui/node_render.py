@@ -17,6 +17,7 @@ from rich.text import Text
 from nvmon.catalog import GPU_WIRE_FACTS, GPU_WIRE_READ, show
 from nvmon.codes import Severity, runbook
 from nvmon.fleet.state import NodeView
+from nvmon.model import short_bus_id
 from nvmon.tui.rows import c_status
 from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, age, clean, gbs, known, \
     literal, pct_style, short_model
@@ -335,19 +336,19 @@ def pcie_table(view: NodeView) -> Table | Text:
     pcies = _of(t.findings, "pcie.width", "pcie.gen") if t is not None else []
     for g in inv.gpus:
         tk = ticks.get(g.index)
-        table.add_row(T(f"GPU{g.index}", "bold"), T(g.bus_id or "?"),
+        table.add_row(T(f"GPU{g.index}", "bold"), T(short_bus_id(g.bus_id) or "?"),
                       _pcie_cell(tk.pcie_gen if tk else None, tk.pcie_width if tk else None, g.pcie.max_gen,
                                  g.pcie.max_width, _judged(pcies, OK, gpu=g.index)),
                       T(f"{gbs(tk.pcie_tx_bytes_per_s)}/{gbs(tk.pcie_rx_bytes_per_s)}" if tk else "–"),
                       T(f"+{tk.pcie_replay_delta}" if tk and tk.pcie_replay_delta else "–",
                         WARN if tk and tk.pcie_replay_delta else DIM))
     for p in inv.ib:
-        table.add_row(T(f"HCA {p.device}:{p.port}", "bold"), T(p.bus_id or "?"),
+        table.add_row(T(f"HCA {p.device}:{p.port}", "bold"), T(short_bus_id(p.bus_id) or "?"),
                       _pcie_cell(p.pcie.gen, p.pcie.width, p.pcie.max_gen, p.pcie.max_width,
                                  _judged(pcies, OK, gpu=None, device=p.device, port=None)),
                       T("–", DIM), T("–", DIM))
     for s in inv.nvswitches:
-        table.add_row(T(f"NVSwitch ({clean(s.kind, 16)})", "bold"), T(s.bus_id),
+        table.add_row(T(f"NVSwitch ({clean(s.kind, 16)})", "bold"), T(short_bus_id(s.bus_id)),
                       _pcie_cell(s.pcie.gen, s.pcie.width, s.pcie.max_gen, s.pcie.max_width, ""),  # not judged
                       T("–", DIM),
                       T("–", DIM))
