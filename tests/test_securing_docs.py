@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 INSTALL = (REPO / "docs" / "install.md").read_text()
 SECTION = INSTALL[INSTALL.index("\n## Securing nvmon\n"):]
 SECTION = SECTION[:SECTION.index("\n## ", 1)]
-BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```$", SECTION, flags=re.M | re.S)  # (language, text), in order
+BLOCKS = re.findall(r"^```(\w*)[^\n]*\n(.*?)^```$", SECTION, flags=re.M | re.S)  # (language, text), in order; a marker after the language (tests/test_docs_commands.py) is dropped
 DOC_BROKER = "mqtts://broker.example.com:8883"
 
 PRELUDE = r"""set -euo pipefail
