@@ -12,10 +12,13 @@ run verbatim unless its info string carries one marker, one of MARKERS:
                     `nvmon …` line must name a real command and only options that command has (a
                     `python script.py --flag` line: the script exists and knows the flag)
     ```sh root      needs root on the machine it is about (sudo, /etc, systemd units, apt-get)
-    ```sh hardware  needs a real GPU/InfiniBand node (or reaches the package index for one)
-    ```sh setup     builds or installs nvmon, or runs this test suite: not rerun from inside it.
-                    `.ci/run` runs README's two set-up commands verbatim; tests/test_install_docs.py
-                    builds the wheel as docs/install.md says and checks the quick subset's files
+    ```sh hardware  needs a real GPU/InfiniBand node (the hardware kit: also the package index)
+    ```sh setup     creates the venv and installs nvmon, builds the wheel, or runs this test suite:
+                    not rerun from inside it. `.ci/run` runs README's test command verbatim (its
+                    venv and install included; tests/test_install_docs.py checks the line is the
+                    same), tests/test_demo.py runs `nvmon demo` in a real terminal (tmux), and
+                    tests/test_install_docs.py builds the wheel as docs/install.md says and checks
+                    that the quick subset names real test files
 
 root, hardware and setup blocks are skipped with that reason (docs/install.md's "Securing nvmon"
 root blocks are run, with /etc moved, by tests/test_securing_docs.py). Output, diagrams and
@@ -64,8 +67,8 @@ MARKERS = {
     "long": None,
     "usage": None,
     "root": "root: needs root on the machine it is about (sudo, /etc, systemd units, apt-get)",
-    "hardware": "hardware: needs a real GPU/InfiniBand node",
-    "setup": "setup: builds or installs nvmon or runs the test suite (.ci/run, tests/test_install_docs.py)",
+    "hardware": "hardware: needs a real GPU/InfiniBand node (the hardware kit: also the package index)",
+    "setup": "setup: installs nvmon or runs the test suite (.ci/run, tests/test_install_docs.py, tests/test_demo.py)",
 }
 RUN_TIMEOUT_S = 30
 LONG_S = 3.5
