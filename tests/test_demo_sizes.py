@@ -1,6 +1,7 @@
-"""`nvmon demo` at its largest advertised size and on each broker: every node online within 20 s,
-a stop within 5 s with nothing left behind (no broker process, no temporary directory), no
-traceback. The broker is Mosquitto where it is installed (CI installs it), else the embedded one;
+"""`nvmon demo` at its largest advertised size and on each broker: every node comes online, a
+clean stop with nothing left behind (no broker process, no temporary directory), no traceback.
+How fast (online by t+10-15 s, stopped in ~3 s on the development VM) is a figure, not a test:
+tests never fail because a machine is slow (docs/BENCHMARKS.md, "every size --help allows"). The broker is Mosquitto where it is installed (CI installs it), else the embedded one;
 `--embedded-broker` forces the embedded one."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import psutil
 import pytest
 from mqtt_broker import MOSQUITTO, needs_mosquitto
 
-from nvmon.demo.scenario import MAX_NODES
+from nvmon.demo.scenario import MAX_NODES, plan_fleet
 
 
 def start(tmp_path, *args: str) -> subprocess.Popen:
@@ -62,14 +63,19 @@ def run_until_then_stop(tmp_path, args: tuple[str, ...], *patterns: tuple[str, f
 
 
 @needs_mosquitto
-def test_the_largest_demo_comes_up_within_20_s_and_stops_within_5_s(tmp_path):
+def test_the_largest_demo_brings_every_node_online_and_stops_clean(tmp_path):
+    # Every node online; on a slow machine the planted death (t+25 s) may come first: then every
+    # node but that one (it is back at t+55 s). Generous waits: speed is bench/'s business.
+    dies = next(p.name for p in plan_fleet(MAX_NODES, 5).nodes if p.dies_at_s is not None)
     out, took, rc = run_until_then_stop(
         tmp_path, ("--nodes", str(MAX_NODES), "--racks", "5"),
-        (r"cluster 'demo', mosquitto mqtt://127\.0\.0\.1:\d+", 15),
-        # the status lines come every 5 s after start: the one at t+20s at the latest
-        (rf"^t\+(5|10|15|20)s\s+online {MAX_NODES}/{MAX_NODES}\b", 30))
+        (r"cluster 'demo', mosquitto mqtt://127\.0\.0\.1:\d+", 30),
+        (rf"^t\+\d+s\s+online ({MAX_NODES}/{MAX_NODES}\b|{MAX_NODES - 1}/{MAX_NODES} \(offline: {dies}\))", 75))
     assert rc == 0 and "Traceback" not in out, out
-    assert took < 5.0, f"stopped in {took:.1f} s"
+    # The demo's own per-daemon stop bound is 5 s (nvmon.demo.fleet.STOP_TIMEOUT_S), in parallel:
+    # past that it cancels and says so. Here only "clean", with room for a slow machine.
+    assert took < 20.0, f"stopped in {took:.1f} s"
+    assert "did not stop" not in out and "cancelling" not in out, out
     assert "stopped; broker, nodes and temporary files are gone" in out
     assert not left_behind(tmp_path) and not list((tmp_path / "tmp").iterdir())
 
@@ -77,7 +83,7 @@ def test_the_largest_demo_comes_up_within_20_s_and_stops_within_5_s(tmp_path):
 def test_the_embedded_broker_on_request(tmp_path):
     out, took, rc = run_until_then_stop(tmp_path, ("--nodes", "3", "--embedded-broker"), (r"online 3/3", 20))
     assert "embedded broker mqtt://" in out and rc == 0 and "Traceback" not in out, out
-    assert took < 5.0 and not list((tmp_path / "tmp").iterdir())
+    assert took < 20.0 and not list((tmp_path / "tmp").iterdir())
 
 
 @pytest.mark.parametrize("nodes", [0, MAX_NODES + 1])
