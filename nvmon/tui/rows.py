@@ -8,7 +8,10 @@ to the top. A judged column ranks first by the worst severity of the findings it
 
 Cells are compact so that the problem columns (Node to Hottest) fit 80 columns: a healthy cell says
 little (`✓ 8/8`), a marked one names what the node's findings are about (`✗ pairs`, `✗ fabric`,
-`⚠ x8 GPU4`, `⚠ 100G`, `⚠cap1`), and the numbers behind them are on the node screen.
+`⚠ x8 GPU4`, `⚠ 100G`, `⚠cap1`), and the numbers behind them are on the node screen. A cell
+that would not fit its column (several faults at once, a long age, big numbers) is abbreviated,
+step by step (`_fit`: the mark glued on, shorter words, the least telling detail dropped), rather
+than cut with `…` in the middle of what it names.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rich.cells import cell_len
+
 from nvmon.codes import Severity
 from nvmon.fleet.state import Liveness, NodeView
 from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, Segment, age, clean, gbs, known, kw, \
@@ -24,6 +29,24 @@ from nvmon.tui.text import BAD, DIM, OK, SEVERITY_STYLE, SYMBOL, WARN, Segment, 
 
 NONE: tuple[Segment, ...] = (("–", DIM),)
 _LAST = float("inf")
+
+
+def _fit(column: str, forms) -> tuple[Segment, ...]:
+    """The first of `forms` (cells, fullest first; an iterable, built lazily) that fits the column
+    (WIDTH, below); the last (shortest) when none does (the table then cuts it with `…`)."""
+    width, form = WIDTH[column], ()
+    for form in forms:
+        if sum(cell_len(t) for t, _ in form) <= width:
+            return form
+    return form
+
+
+def _count(n: float) -> str:
+    """12, 980, 1.2k, 45k, 3.1M: a rate or count in at most 4 characters."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}" if n < div * 10 else f"{n / div:.0f}{unit}"
+    return f"{n:.0f}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +87,13 @@ def c_status(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     if live.state == "online":
         return _mark(WARN, "layout?") if v.inventory_stale else _mark(OK, "online")
     if live.state == "stale":
-        return _mark(WARN, f"stale {age(live.age_s)}")
-    bound = "" if live.exact else "≤"  # a will found retained: silent for up to this long
-    return _mark(BAD, f"{'lost' if live.reason == 'lost' else 'off'} {bound}{age(live.age_s)}")
+        style, word, bound = WARN, "stale", ""
+    else:
+        style, word = BAD, "lost" if live.reason == "lost" else "off"
+        bound = "" if live.exact else "≤"  # a will found retained: silent for up to this long
+    a = age(live.age_s)
+    return _fit("status", (_mark(style, f"{word} {bound}{a}"), ((f"{SYMBOL[style]}{word} {bound}{a}", style),),
+                           ((f"{SYMBOL[style]}{word} {a}", style),)))
 
 
 def c_rack(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -77,11 +104,13 @@ def c_gpus(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     s = v.summary
     if s is None:
         return NONE
-    model = short_model(s.gpu_model)
+    words = short_model(s.gpu_model).split(" ")
+    models = [" ".join(words[:n]) for n in range(len(words), 0, -1)]  # 'H200 141GB HBM3e', 'H200 141GB', 'H200'
     if s.gpus_lost:
-        return _mark(BAD, f"{s.gpu_count - s.gpus_lost}/{s.gpu_count}×{model}")
+        return _fit("gpus", (_mark(BAD, f"{s.gpu_count - s.gpus_lost}/{s.gpu_count}×{m}") for m in models))
     style = _judged(v, "gpus", "")
-    return _mark(style, f"{s.gpu_count}×{model}") if style else ((f"{s.gpu_count}×{model}", ""),)
+    return _fit("gpus", (_mark(style, f"{s.gpu_count}×{m}") if style else ((f"{s.gpu_count}×{m}", ""),)
+                         for m in models))
 
 
 def c_nvlink(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -119,14 +148,32 @@ def c_links(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         words.append("fabric")  # links Active, yet the GPU fabric is not usable: the node screen says why
     if s.links_down or not words and not err:
         words.append(f"{s.links_active}/{want}")  # all up beside a named problem: healthy detail, left out
-    if err > 0:
-        if not words:  # every link up: the rising counters are the news
-            return _mark(style if style != OK else WARN, f"err {err:.0f}/s")
-        return _mark(style, " ".join(words)) + ((f" ⚠{err:.0f}/s", WARN),)
-    return _mark(style, " ".join(words))
+    if err > 0 and not words:  # every link up: the rising counters are the news
+        style = style if style != OK else WARN
+        return _fit("links", (_mark(style, f"err {_count(err)}/s"), ((f"{SYMBOL[style]}err {_count(err)}/s", style),),
+                              ((f"{SYMBOL[style]}{_count(err)}/s", style),)))
+    return _fit("links", _link_forms(style, words, err))
 
 
 SPLIT_TOPOLOGIES = ("pairs", "partial")
+_SHORT_WORDS = {"fabric": "fab", "partial": "part"}
+
+
+def _link_forms(style: str, words: list[str], err: float):
+    """`✗ pairs ⚠3/s` and its shorter forms: the mark glued on, the rate without its `/s` (then glued,
+    then a bare `⚠`: counters rising, the node screen says how fast), shorter words; then the rate
+    left out; then only the first word."""
+    short = [_SHORT_WORDS.get(w, w) for w in words]
+    sym = SYMBOL[style]
+    rates = (f" ⚠{_count(err)}/s", f" ⚠{_count(err)}", f"⚠{_count(err)}", "⚠") if err > 0 else ()
+    for ws in (words, short):
+        for rate in rates:
+            for gap in (" ", ""):
+                yield ((f"{sym}{gap}{' '.join(ws)}", style), (rate, WARN))
+    for ws in (words, short):
+        for gap in (" ", ""):
+            yield ((f"{sym}{gap}{' '.join(ws)}", style),)
+    yield ((f"{sym}{short[0]}", style),)
 
 
 def c_pcie(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -138,8 +185,21 @@ def c_pcie(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         gen, width, _, _, gpu = (s.pcie_worst.split(" ") + [""] * 5)[:5]
         codes = _codes(v)
         what = [w for w, c in ((gen, "pcie.gen"), (width, "pcie.width")) if c in codes] or [gen, width]
-        return _mark(style, " ".join(what) + f" GPU{gpu}")
-    return _mark(style, s.pcie_worst)
+        return _fit("pcie", _pcie_forms(style, what, gpu))
+    return _fit("pcie", (_mark(style, s.pcie_worst), ((f"{SYMBOL[style]}{s.pcie_worst}", style),)))
+
+
+def _pcie_forms(style: str, what: list[str], gpu: str):
+    """`⚠ Gen4 x8 GPU4` and shorter: the mark glued, `G4` for the GPU, Gen and width joined, then
+    the width alone (the node's worse fault; the node screen has both)."""
+    sym = SYMBOL[style]
+    yield _mark(style, " ".join(what) + f" GPU{gpu}")
+    yield ((f"{sym}{' '.join(what)} GPU{gpu}", style),)
+    yield ((f"{sym}{' '.join(what)} G{gpu}", style),)
+    yield ((f"{sym}{''.join(what)} G{gpu}", style),)
+    narrow = [w for w in what if w.startswith("x")] or what[:1]
+    yield ((f"{sym}{' '.join(narrow)} GPU{gpu}", style),)
+    yield ((f"{sym}{' '.join(narrow)} G{gpu}", style),)
 
 
 def c_ib(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -153,8 +213,13 @@ def c_ib(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         words.append(f"{s.ib_min_rate_gbps:.0f}G")  # the slowest port, named when a rate is the finding
     if not words:
         words.append(f"{s.ib_up}/{want}")
-    return _mark(style, " ".join(words)) + (
-        ((f" +{s.ib_ethernet}eth", DIM if style == OK else style),) if s.ib_ethernet else ())
+    eth_style = DIM if style == OK else style
+    eths = (f" +{s.ib_ethernet}eth", f"+{s.ib_ethernet}eth", f"+{s.ib_ethernet}e") if s.ib_ethernet else ("",)
+    sym = SYMBOL[style]
+    # the Ethernet count shortened, then left out (the count of IB ports up says some are not), then the count
+    forms = [(f"{sym}{'' if glued else ' '}{' '.join(ws)}", eth) for ws in (words, words[1:] or words)
+             for eth in (*eths, "") for glued in (False, True)]
+    return _fit("ib", (((text, style), (eth, eth_style)) if eth else ((text, style),) for text, eth in forms))
 
 
 def c_power(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
@@ -163,29 +228,34 @@ def c_power(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
         return NONE
     style = _judged(v, "power", "")
     if style:  # the capped GPUs first, then the draw (the limits are on the node screen); mark glued on
-        return ((f"{SYMBOL[style]}" + (f"cap{s.power_capped} " if s.power_capped else " ") + kw(s.power_w), style),)
-    return ((f"{kw(s.power_w)}/{kw(s.power_limit_w)}", ""),)
+        head = f"{SYMBOL[style]}cap{s.power_capped}" if s.power_capped else SYMBOL[style]
+        draws = (kw(s.power_w), f"{s.power_w / 1000:.0f}", "")  # 12.3, then 12, then only the cap
+        return _fit("power", (((f"{head} {d}".rstrip(), style),) for d in draws))
+    whole = f"{s.power_w / 1000:.0f}/{s.power_limit_w / 1000:.0f}" if known(s.power_limit_w) else kw(s.power_w)
+    return _fit("power", (((f"{kw(s.power_w)}/{kw(s.power_limit_w)}", ""),), ((whole, ""),), ((kw(s.power_w), ""),)))
 
 
 def c_temp(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     s = v.summary
     if s is None or not known(s.hottest_c):
         return NONE
-    text = f"{s.hottest_c:.0f}°C G{s.hottest_gpu}"
     style = _judged(v, "temp", "")
-    return ((f"{SYMBOL[style]}{text}", style),) if style else ((text, ""),)  # the mark glued on, as in Alerts
+    texts = (f"{s.hottest_c:.0f}°C G{s.hottest_gpu}", f"{s.hottest_c:.0f}° G{s.hottest_gpu}",
+             f"{s.hottest_c:.0f}°G{s.hottest_gpu}", f"{s.hottest_c:.0f}°C")
+    return _fit("temp", (((f"{SYMBOL[style]}{t}", style),) if style else ((t, ""),) for t in texts))  # mark glued on
 
 
 def c_alerts(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     counts = v.alert_counts()
     if not counts:
         return ((SYMBOL[OK], OK),) if v.alerts is not None else NONE
-    out: list[Segment] = []
-    for sev in ("critical", "warning", "info"):
-        if counts.get(sev):
-            style = SEVERITY_STYLE[sev]
-            out.append((f"{' ' if out else ''}{SYMBOL[style]}{counts[sev]}", style))
-    return tuple(out)
+    shown = [(SEVERITY_STYLE[sev], counts[sev]) for sev in ("critical", "warning", "info") if counts.get(sev)]
+
+    def form(marks, gap: str) -> tuple[Segment, ...]:
+        return tuple((f"{gap if i else ''}{SYMBOL[st]}{_count(n)}", st) for i, (st, n) in enumerate(marks))
+
+    # all of them, spaced then glued; then the less severe dropped (the alerts screen lists them all)
+    return _fit("alerts", (form(shown[:k], gap) for k in range(len(shown), 0, -1) for gap in (" ", "")))
 
 
 # --- sort keys ---------------------------------------------------------------------------------
@@ -274,6 +344,7 @@ COLUMNS: tuple[Column, ...] = (
            descending=False),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
+WIDTH = {c.key: c.width for c in COLUMNS}  # cells; the node column's narrowest (it grows with the longest name)
 BY_KEY = {c.key: c for c in COLUMNS}
 
 
