@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from nvmon.collect.attrfiles import AttrFiles, read_path
 from nvmon.collect.counters import CounterTracker
-from nvmon.model import IB_PHYS_STATES, IB_STATES, IbPortSample, PciDeviceLink, PcieLink
+from nvmon.model import IB_PHYS_STATES, IB_STATES, IbPortSample, PciDeviceLink, PcieLink, short_bus_id
 
 # PMA PortCounters widths, from sysfs.c PORT_PMA_ATTR(name, counter, width, offset).
 # These counters saturate (stick at all-ones) rather than wrap.
@@ -111,12 +111,10 @@ def parse_int(text: str | None) -> int | None:
 
 
 def nvml_to_sysfs_bdf(bus_id: str) -> str | None:
-    """NVML `"00000000:18:00.0"` → sysfs `"0000:18:00.0"` (4-digit lower-case domain); bad → None."""
+    """NVML `"00000000:18:00.0"` → sysfs `"0000:18:00.0"` (4-digit lower-case domain); bad → None.
+    The form the views show too: nvmon.model.short_bus_id, the one conversion."""
     m = _BDF_RE.match(bus_id.strip())
-    if not m:
-        return None
-    dom, bus, dev, fn = m.groups()
-    return f"{int(dom, 16):04x}:{bus.lower()}:{dev.lower()}.{fn}"
+    return short_bus_id(m.group(0)) if m else None
 
 
 def sysfs_to_nvml_bdf(bdf: str) -> str | None:
