@@ -123,7 +123,14 @@ FLEET_CODES: dict[str, Code] = {
                                    "broker (stopped, swapping, disk full, its log), then the network to the nodes"),
 }
 
-CODES: dict[str, Code] = NODE_CODES | FLEET_CODES
+# Daemon codes: what the node's daemon finds about itself (nvmon.store's guard), alerted by its rules.
+DAEMON_CODES: dict[str, Code] = {
+    "store.reset": Code(_W, "The node's database was deleted, replaced or found corrupt and a new one started (its "
+                            "history is gone, or in <db>.corrupt-<time>: sqlite3 FILE .recover): journalctl -u "
+                            "nvmon-daemon names the file; check the disk (dmesg, smartctl) and who touched it"),
+}
+
+CODES: dict[str, Code] = NODE_CODES | FLEET_CODES | DAEMON_CODES
 
 
 def runbook(code: str, observed: object = None) -> str:

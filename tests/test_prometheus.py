@@ -102,7 +102,8 @@ def full_page() -> str:
                                   health_mask=0x80, health_summary=1))  # B200's: access-timeout recovery False
     health = DaemonHealth(ticks=5, sample_seconds_total=0.05, mqtt_connected=True, mqtt_published=4,
                           alerts={("pcie.width", "warning", "firing"): 1, ("pcie.width", "warning", "pending"): 0},
-                          hooks=(("oncall", "pagerduty", 3, 1, 0),))
+                          hooks=(("oncall", "pagerduty", 3, 1, 0),),
+                          store_resets={"deleted": 0, "replaced": 0, "corrupt": 1})
     ex = PrometheusExporter("127.0.0.1:0", health=lambda: health)
     ex.update(s)
     ex.page()

@@ -16,6 +16,9 @@ make a rate worth a page. `nvmon audit` and the alerts therefore always agree on
   not alerts.
 - While NVML is unavailable, or a GPU is lost, alerts on what can no longer be judged are held
   as they are (`holds`): "cannot see" is not "fixed".
+- The daemon's own conditions (`DAEMON_CODES`: its database found deleted, replaced or corrupt and
+  started anew) are events it hands over with `note()`: one alert per code, firing at once and
+  resolving after the rule's clear_s (1 h) without another.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from nvmon.alerts.model import AlertRecord, fingerprint
 from nvmon import xid as xids
 from nvmon.alerts.settings import NODE_RULES, RATE_CODES, AlertsSettings
 from nvmon.audit import Finding, Judge, Thresholds
-from nvmon.codes import NODE_CODES
+from nvmon.codes import DAEMON_CODES, NODE_CODES
 from nvmon.model import Sample, to_jsonable
 from nvmon.specs import NodeSpec
 
@@ -42,6 +45,7 @@ RULE_DEFAULTS: dict[str, dict[str, float]] = {
     "gpu.xid": {"for_s": 0.0, "window_s": 600.0, "min_count": 1},
     # A brake held a minute pages once; one that flickers (gaps under clear_s) stays that one alert.
     "power.brake": {"for_s": 60.0, "clear_s": 300.0},
+    "store.reset": {"for_s": 0.0, "clear_s": 3600.0},  # pages once; another reset within the hour is that alert
 }
 # States whose alert says how long they have held ("active for 3 h 12 min", value: seconds held),
 # counted from the first tick of the episode: gaps shorter than the rule's clear_s do not restart it.
@@ -54,7 +58,7 @@ GRACE_CODES = frozenset({"nvlink.link_down", "nvlink.topology", "nvlink.speed", 
                          "ib.count", "pcie.width", "pcie.gen", "fabric.not_ready"})
 _GPU_SCOPED = ("gpu.", "nvlink.", "pcie.", "power.", "thermal", "fabric.")  # judged from NVML
 
-RUNBOOKS: dict[str, str] = {code: c.runbook for code, c in NODE_CODES.items()}  # one table: nvmon.codes
+RUNBOOKS: dict[str, str] = {code: c.runbook for code, c in (NODE_CODES | DAEMON_CODES).items()}  # one table: nvmon.codes
 
 @dataclass(frozen=True, slots=True)
 class RuleSpec:
@@ -148,6 +152,7 @@ class NodeRules:
         self._fps: dict[tuple, str] = {}
         self._windows: dict[str, _Window] = {}
         self._held: dict[str, list[float]] = {}  # HELD_CODES: fingerprint → [since, last seen, clear_s]
+        self._noted: dict[str, list] = {}  # DAEMON_CODES: code → [summary, value, first evaluated at]
 
     def fingerprint(self, code: str, gpu=None, link=None, device=None, port=None, xid=None) -> str:
         key = (code, gpu, link, device, port, xid)
@@ -178,7 +183,29 @@ class NodeRules:
                 self._error(f.code)
         if self._held:
             self._forget_held(now)
+        if self._noted:
+            out += self._noted_conditions(now)
         return out + self._rate_conditions(now)
+
+    def note(self, code: str, summary: str, value: Any = None) -> None:
+        """An event the daemon met outside the sample (a DAEMON_CODES code): its condition holds at
+        the next evaluations, for the rule's for_s (at least one), so that its alert fires."""
+        self._noted[code] = [summary, value, None]
+
+    def _noted_conditions(self, now: float) -> list[Condition]:
+        out = []
+        for code, noted in list(self._noted.items()):
+            rule = self.book.get(code)
+            if rule is None:  # disabled
+                del self._noted[code]
+                continue
+            summary, value, since = noted
+            if since is None:
+                since = noted[2] = now
+            out.append(Condition(self.fingerprint(code), code, summary, rule.runbook, value=value))
+            if now - since >= rule.for_s:
+                del self._noted[code]
+        return out
 
     def holds(self, sample: Sample) -> Callable[[AlertRecord], bool]:
         """A predicate: True for an alert this sample cannot judge (its absence proves nothing)."""

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvmon.audit import RULES
+from nvmon.codes import DAEMON_CODES
 
 WEEK_S = 7 * 86400.0
 DEFAULT_MAX_SILENCE_H = 168.0  # [alerts] max_silence_h: the longest silence honoured (7 days)
@@ -20,7 +21,8 @@ DEFAULT_MAX_SILENCE_H = 168.0  # [alerts] max_silence_h: the longest silence hon
 # settings), so that checking `[alerts.rules."CODE"]` needs no import back up.
 SKIPPED = frozenset({"nvlink.board", "gpu.model"})  # facts about the board, not faults
 RATE_CODES = frozenset({"nvlink.errors", "pcie.replay", "ib.errors", "gpu.xid"})  # counter rules
-NODE_RULES: dict[str, str] = {code: sev for code, sev in RULES.items() if code not in SKIPPED}  # code → severity
+NODE_RULES: dict[str, str] = ({code: sev for code, sev in RULES.items() if code not in SKIPPED}  # code → severity
+                              | {code: c.severity for code, c in DAEMON_CODES.items()})  # the daemon's own
 
 
 class _Strict(BaseModel):

@@ -194,6 +194,8 @@ NVMON = (
     _m("nvmon_daemon_stored_ticks_total", "counter", "NODE", "Samples written to the SQLite history."),
     _m("nvmon_daemon_store_errors_total", "counter", "NODE", "Failed writes to the SQLite history (retried)."),
     _m("nvmon_daemon_store_dropped_total", "counter", "NODE", "Samples never stored (backlog full while failing)."),
+    _m("nvmon_daemon_store_resets_total", "counter", "NODE",
+       "Times the SQLite history was found deleted, replaced or corrupt and a new one started.", "reason"),
     _m("nvmon_daemon_wire_dropped_total", "counter", "NODE", "Samples replaced in the MQTT queue by newer ones."),
     _m("nvmon_daemon_mqtt_connected", "gauge", "NODE", "1 while connected to the MQTT broker (absent: no broker)."),
     _m("nvmon_daemon_mqtt_published_total", "counter", "NODE", "Sample messages handed to the MQTT broker."),

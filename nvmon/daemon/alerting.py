@@ -56,6 +56,7 @@ class DaemonAlerts:
         self.notifier: Notifier = notifier or NullNotifier()
         self.clock = clock
         self.errors = 0  # ticks whose evaluation failed
+        self._resets = 0  # the store's resets already noted (its database deleted, replaced, corrupt)
         self.eval_seconds = 0.0  # the latest evaluation's cost
         self.eval_seconds_max = 0.0
         self._unsaved = UnsavedAlerts()  # episodes not yet in the database
@@ -89,6 +90,10 @@ class DaemonAlerts:
         """Evaluate one sample. Never raises: a failure costs this tick's evaluation only."""
         t0 = time.perf_counter()
         try:
+            resets = getattr(self.store, "resets", 0)  # written by the store's thread; an int, read once
+            if resets > self._resets:  # its database was started anew since the last tick: an alert
+                self._resets = resets
+                self.rules.note("store.reset", self.store.last_reset or "database started anew", value=resets)
             transitions = self.engine.evaluate(sample, sample.ts)
             notify = self.engine.to_notify(transitions, sample.ts)
             dirty = self.engine.take_dirty(sample.ts)

@@ -158,7 +158,7 @@ class Daemon:
             sample_seconds=st.sample_seconds, sample_seconds_total=st.sample_seconds_total,
             # a database found deleted, replaced or corrupt (and started anew) counts as a store error
             stored=w.stored if w else 0, store_errors=(w.errors + self.store.resets) if w else 0,
-            store_dropped=w.dropped if w else 0,
+            store_dropped=w.dropped if w else 0, store_resets=dict(self.store.resets_by) if w else None,
             wire_dropped=st.wire_dropped,
             mqtt_connected=None if pub is None else pub.connected,
             mqtt_published=pub.published if pub else 0, mqtt_errors=pub.errors if pub else 0,

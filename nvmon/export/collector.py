@@ -58,6 +58,7 @@ class DaemonHealth:
     stored: int = 0
     store_errors: int = 0
     store_dropped: int = 0
+    store_resets: Mapping[str, int] | None = None  # reason (deleted, replaced, corrupt) → n; None: no store
     wire_dropped: int = 0
     mqtt_connected: bool | None = None  # None: no broker configured
     mqtt_published: int = 0
@@ -419,6 +420,8 @@ class SampleCollector(Collector):
             f.add("nvmon_daemon_stored_ticks_total", node, h.stored)
             f.add("nvmon_daemon_store_errors_total", node, h.store_errors)
             f.add("nvmon_daemon_store_dropped_total", node, h.store_dropped)
+            for reason, n in (h.store_resets or {}).items():
+                f.add("nvmon_daemon_store_resets_total", node.with_("reason", reason), n)
             f.add("nvmon_daemon_wire_dropped_total", node, h.wire_dropped)
             if h.mqtt_connected is not None:
                 f.add("nvmon_daemon_mqtt_connected", node, int(h.mqtt_connected))

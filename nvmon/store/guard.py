@@ -8,6 +8,8 @@ replaced or found corrupt is noticed instead of written into the void.
   let a second daemon lock a new file while the first still holds the old one).
 - `identity(path)`: (device, inode) of the file at the path now, compared with the open one's.
 - `set_aside(path)`: rename a corrupt database and its -wal/-shm to `<name>.corrupt-<UTC time>`.
+- `quick_check(conn, path)`: SQLite's `PRAGMA quick_check`, its finding a one-line StoreError.
+- `check_writable(path)`: refuse a file or directory we could only read, before SQLite opens it.
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import sqlite3
 import time
 from pathlib import Path
 
-from nvmon.store.errors import StoreError
+from nvmon.store.errors import StoreError, describe
 
 LOCKED = "LOCKED"  # StoreError.code: another daemon holds the database
+# Errors that say what the disk or another process did, not what the file holds: no quick_check for them.
+NOT_THE_FILE = ("SQLITE_FULL", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM",
+                "SQLITE_INTERRUPT", "ENOENT", "EROFS", "EACCES", "LOCKED")
+RESET_REASONS = ("deleted", "replaced", "corrupt")
+QUICK_CHECK_ROWS = 3  # problems quick_check reports, at most (the first names the damage)
 
 
 def identity(path: Path) -> tuple[int, int] | None:
@@ -126,3 +134,38 @@ def set_aside(path: Path, now: float | None = None) -> Path:
         if os.path.exists(f"{path}{suffix}"):
             os.replace(f"{path}{suffix}", f"{target}{suffix}")
     return target
+
+
+def quick_check(conn: sqlite3.Connection, path: Path) -> None:
+    """Owner: `PRAGMA quick_check` (every page and record read, no index cross-check: about a
+    second per GB). Raises StoreError (code SQLITE_CORRUPT) naming the first problem."""
+    try:
+        rows = [r[0] for r in conn.execute(f"PRAGMA quick_check({QUICK_CHECK_ROWS})")]
+    except sqlite3.Error as exc:  # damage bad enough to stop the check itself
+        found = describe(path, exc)
+        if not (found.code or "").startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+            raise found from None
+        rows = [f"{' '.join(str(exc).split())[:150]}, {found.code}"]
+    if rows != ["ok"]:
+        first = " ".join(str(rows[0] if rows else "no answer").split())[:200]
+        raise StoreError(f"database {path}: corrupt (quick_check: {first})", "SQLITE_CORRUPT")
+
+
+def check_writable(path: Path) -> None:
+    """Refuse a file we could only read, before SQLite touches it: SQLite would open it read-only
+    and create the -wal/-shm files with the file's read-only mode, and that -shm keeps blocking
+    writes after the file itself is made writable again."""
+    parent = path.parent
+    try:
+        if not parent.is_dir():
+            raise StoreError(f"database {path}: directory {parent} does not exist (ENOENT)", "ENOENT")
+        if hasattr(os, "ST_RDONLY") and os.statvfs(parent).f_flag & os.ST_RDONLY:
+            raise StoreError(f"database {path}: read-only file system (EROFS)", "EROFS")
+        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if p.exists() and not os.access(p, os.R_OK | os.W_OK):
+                raise StoreError(f"database {path}: no write permission on {p.name} (EACCES)", "EACCES")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            # SQLite needs the directory for the -wal and -shm files, even for an existing database.
+            raise StoreError(f"database {path}: no write permission on directory {parent} (EACCES)", "EACCES")
+    except OSError as exc:
+        raise describe(path, exc) from None

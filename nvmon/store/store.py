@@ -14,14 +14,16 @@ a second daemon on the same file refuses to start; before every call it checks t
 path is still the one it has open (one stat), and starts a new database when it was deleted (or
 follows the new file when it was replaced); a file SQLite calls corrupt (SQLITE_CORRUPT,
 SQLITE_NOTADB) is moved aside as `<name>.corrupt-<time>` and a fresh one started, and the call
-that met it is run again there. Each of these is logged once and counted in `resets`.
+that met it is run again there. Damage no call has met yet is looked for with `PRAGMA quick_check`
+on the first connection to each file (the daemon's start) and after a maintenance error SQLite did
+not call corruption. Each reset is logged once, counted in `resets` (`resets_by` reason) and told
+in `last_reset`, which the daemon turns into a `store.reset` alert.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -74,6 +76,9 @@ class Store:
         self.path = Path(path)
         self.owner = owner
         self.resets = 0  # owner: times the file was found deleted, replaced or corrupt and started anew
+        self.resets_by = dict.fromkeys(guard.RESET_REASONS, 0)  # the same, by reason
+        self.last_reset: str | None = None  # one line: what the latest reset found and did (set before `resets`)
+        self._checked: tuple[int, int] | None = None  # identity of the last file quick_check passed
         self._file_lock = guard.FileLock(self.path) if owner else None
         self._ident: tuple[int, int] | None = None  # (device, inode) of the open file
         self._sidecars: tuple = (None, None)  # and of its -wal and -shm
@@ -133,7 +138,7 @@ class Store:
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise StoreError(f"database {self.path}: SQLite {sqlite3.sqlite_version} is too old; nvmon needs "
                              f"{'.'.join(map(str, MIN_SQLITE))} or newer (STRICT tables, JSON functions)")
-        _check_writable(self.path)
+        guard.check_writable(self.path)
         if self._file_lock is not None:
             self._file_lock.acquire()  # again, if its file was deleted too
         conn = None
@@ -151,6 +156,10 @@ class Store:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+            ident = guard.identity(self.path)
+            if self.owner and ident != self._checked:
+                guard.quick_check(conn, self.path)  # a file met for the first time: damage no call has read yet
+                self._checked = ident
             self.schema_version = migrate(conn)
             # Take the write lock once, so that another writer holding it (a second daemon on the
             # same file) shows now, as SQLITE_BUSY after the timeout, rather than at the first tick.
@@ -171,16 +180,35 @@ class Store:
         self._ident, self._sidecars = guard.identity(self.path), guard.sidecars(self.path)
         return conn
 
+    def _recheck(self, err: StoreError) -> StoreError:
+        """Owner, after `err` that SQLite did not call corruption: quick_check the file, and return
+        the corruption it finds (so that the file is set aside), else `err` as it was."""
+        if self.owner and not (err.code or "").startswith(CORRUPT + guard.NOT_THE_FILE):
+            self._disconnect()  # a new connection: its page cache holds nothing read before the damage
+            try:
+                guard.quick_check(self._connect(), self.path)
+            except StoreError as found:
+                return found if (found.code or "").startswith(CORRUPT) else err
+        return err
+
+    def _reset(self, reason: str, what: str) -> None:
+        self.resets_by[reason] += 1
+        self.last_reset = what
+        self.resets += 1
+
     def _file_gone(self) -> None:
         """Owner: the file at the path is not the one open (deleted, or another put there)."""
         now, ours = guard.identity(self.path), self._sidecars
         self._disconnect()
         guard.remove_sidecars(self.path, ours)
-        self.resets += 1
         if now is None:
+            self._reset("deleted", f"database {self.path} was deleted while in use (its history is gone); "
+                                   f"a new one was started there")
             log.error("database %s was deleted while in use: the history it held is gone; starting a new "
                       "database there now (no tick from here on is lost)", self.path)
         else:
+            self._reset("replaced", f"database {self.path} was replaced by another file while in use; "
+                                    f"writing to that file")
             log.error("database %s was replaced by another file while in use; writing to that file from now on",
                       self.path)
 
@@ -201,15 +229,16 @@ class Store:
             log.error("database %s is corrupt (%s) and could not be moved aside: %s", self.path, err.code,
                       e.strerror or e)
             return False
-        self.resets += 1
+        self._reset("corrupt", f"{err}: moved aside to {target.name}; a new database was started")
         log.error("database %s is corrupt (%s): moved aside to %s (with its -wal/-shm; `sqlite3 %s .recover` "
                   "may save some of its history); starting a new database", self.path, err.code, target.name,
                   target.name)
         return True
 
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _call(self, fn: Callable[[sqlite3.Connection], T], *, check: bool = False) -> T:
         """`fn(conn)` with the store's lock, reconnecting and error handling; for an owner, once
-        more on a fresh file after a corrupt one was set aside. Raises StoreError (one line)."""
+        more on a fresh file after a corrupt one was set aside. `check`: after an error SQLite did
+        not call corruption, quick_check the file (maintenance). Raises StoreError (one line)."""
         with self._lock:
             retried = False
             while True:
@@ -219,6 +248,8 @@ class Store:
                     err = self._fail(exc)
                     if err is None:
                         raise
+                    if check and not retried:
+                        err = self._recheck(err)
                     if not retried and self._set_aside(err):
                         retried = True
                         continue
@@ -397,7 +428,7 @@ class Store:
             rollup.reclaim_space(conn)
             return stats
 
-        return self._call(run)
+        return self._call(run, check=True)
 
     def _maintain(self, conn: sqlite3.Connection, now: float) -> dict[str, int]:
         now_ms = int(now * 1000)
@@ -458,26 +489,6 @@ class Store:
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         """Rows of a read query as dicts (tests, tools). Raises StoreError."""
         return self._call(lambda conn: list(self._db.query(sql, params)))
-
-
-def _check_writable(path: Path) -> None:
-    """Refuse a file we could only read, before SQLite touches it: SQLite would open it read-only
-    and create the -wal/-shm files with the file's read-only mode, and that -shm keeps blocking
-    writes after the file itself is made writable again."""
-    parent = path.parent
-    try:
-        if not parent.is_dir():
-            raise StoreError(f"database {path}: directory {parent} does not exist (ENOENT)", "ENOENT")
-        if hasattr(os, "ST_RDONLY") and os.statvfs(parent).f_flag & os.ST_RDONLY:
-            raise StoreError(f"database {path}: read-only file system (EROFS)", "EROFS")
-        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-            if p.exists() and not os.access(p, os.R_OK | os.W_OK):
-                raise StoreError(f"database {path}: no write permission on {p.name} (EACCES)", "EACCES")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            # SQLite needs the directory for the -wal and -shm files, even for an existing database.
-            raise StoreError(f"database {path}: no write permission on directory {parent} (EACCES)", "EACCES")
-    except OSError as exc:
-        raise describe(path, exc) from None
 
 
 def _close_quietly(conn: sqlite3.Connection) -> None:
