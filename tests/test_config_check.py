@@ -125,3 +125,21 @@ def test_masking_rules():
                    "api_token": "tok3nvalue", "headers": {"Authorization": "Bearer x"}}) == \
         {"password": "***", "password_file": "/etc/p", "secret_env": "PD_KEY", "api_token": "***",
          "headers": {"Authorization": "***"}}
+
+
+def test_files_it_names_are_checked_as_warnings(tmp_path):
+    """A password or hook secret file this user cannot read: a warning line each (named, no secret),
+    the config still valid (exit 0: the service may run as another user)."""
+    key = tmp_path / "pd.key"
+    key.write_text("r0utingkey")
+    key.chmod(0o644)  # others may read it: refused as the dispatcher refuses it
+    f = tmp_path / "nvmon.toml"
+    f.write_text(f'[mqtt]\nbroker = "mqtt://b.example:1883"\nusername = "gpu-001"\n'
+                 f'password_file = "{tmp_path / "nope.password"}"\n'
+                 f'[[hooks]]\ntype = "pagerduty"\nsecret_file = "{key}"\n')
+    r = nvmon(tmp_path, "--config", str(f), "--json")
+    assert r.returncode == 0, r.stderr
+    warnings = json.loads(r.stdout)["warnings"]
+    assert r.stderr.splitlines() == [f"nvmon config check: warning: {w}" for w in warnings]
+    assert warnings[0] == f"password file {tmp_path / 'nope.password'}: No such file or directory"
+    assert len(warnings) == 2 and str(key) in warnings[1] and "r0utingkey" not in r.stderr + r.stdout

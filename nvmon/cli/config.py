@@ -9,7 +9,10 @@ this command accepts is one they start with.
 The output is the effective configuration, every default filled in, as TOML (or `--json`), with
 secrets shown as `***`: header values, URLs' credentials, paths and queries (webhook URLs carry
 their tokens there), and any password / token / secret value (the config keeps those in files:
-their paths are shown). A bad file is one line on stderr naming the file and key, exit 2.
+their paths are shown). A bad file is one line on stderr naming the file and key, exit 2. The
+files a valid config names (broker password and TLS files, hook secrets) are read as the daemon
+reads them at start; a problem there is a warning line on stderr (exit 0: the user running the
+check may not be the service's user).
 """
 
 from __future__ import annotations
@@ -108,9 +111,9 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> list[str]:
 
 # ---- the command ---------------------------------------------------------------------------------
 
-def effective(kind: str, path: Path | None) -> tuple[str | None, dict[str, Any], list[str]]:
-    """(the file read or None for built-in defaults, the effective config as JSON-able data, notes);
-    a bad file raises NvmonUsageError (one line, from the reader the command itself uses)."""
+def effective(kind: str, path: Path | None) -> tuple[str | None, Any, dict[str, Any], list[str]]:
+    """(the file read or None for built-in defaults, the config, the effective config as JSON-able
+    data, notes); a bad file raises NvmonUsageError (one line, from the reader the command uses)."""
     notes: list[str] = []
     if kind == "daemon":
         from nvmon.daemon.config import DEFAULT_CONFIG, ConfigError, load_config
@@ -127,7 +130,7 @@ def effective(kind: str, path: Path | None) -> tuple[str | None, dict[str, Any],
             raise NvmonUsageError(f"{source}: sampling.sim: {e}") from None
         if cfg.node.name is None:
             notes.append(f"node name in use: {cfg.node_name} (the short host name)")
-        return (str(source) if source else None), cfg.model_dump(mode="json"), notes
+        return (str(source) if source else None), cfg, cfg.model_dump(mode="json"), notes
     from nvmon.fleet.service import DEFAULT_CONFIG as FLEET_CONFIG, NODE_TABLES, FleetConfigError, load_fleet_config
 
     source = path or (FLEET_CONFIG if FLEET_CONFIG.exists() else None)
@@ -145,7 +148,24 @@ def effective(kind: str, path: Path | None) -> tuple[str | None, dict[str, Any],
     unused = [t for t in NODE_TABLES if data.pop(t, None)]
     if unused:
         notes.append(f"a node's tables, not used by nvmon fleet: {', '.join(f'[{t}]' for t in unused)}")
-    return (str(source) if source else None), data, notes
+    return (str(source) if source else None), cfg, data, notes
+
+
+def file_problems(cfg) -> list[str]:
+    """What the command would trip over in the files the config names, one line each, no secret:
+    the broker's password, CA, certificate and key files (checked as the daemon and nvmon fleet
+    check them at start) and each hook's secret, headers and TLS files. Read as the user running
+    this, who may not be the service's user: warnings, not a verdict on the config."""
+    from nvmon.alerts.hook_dispatch import HookDispatcher
+    from nvmon.cli.common import NvmonError, check_broker_files, mqtt_settings
+
+    out = []
+    if cfg.mqtt.broker:
+        try:
+            check_broker_files(mqtt_settings(cfg.mqtt.broker, cfg.mqtt))
+        except NvmonError as e:
+            out.append(e.format_message())
+    return out + HookDispatcher(cfg.hooks).check()
 
 
 def detect_kind(path: Path) -> str:
@@ -170,11 +190,12 @@ def config_group() -> None:
 @click.option("--kind", type=click.Choice(["auto", "daemon", "fleet"]), default="auto", show_default=True,
               help="Whose file: auto = fleet if it has a [fleet] table, else daemon.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print JSON: kind, file (null: built-in defaults), notes, config.")
+              help="Print JSON: kind, file (null: built-in defaults), notes, warnings, config.")
 def check_command(config_path: Path | None, kind: str, as_json: bool) -> None:
     """Validate a config file and print the effective configuration: every default filled in,
     secrets as ***. Exit 0 when nvmon daemon (or nvmon fleet) would accept it; else one line
-    naming the file and key, exit 2.
+    naming the file and key, exit 2. Files it names that this user cannot use (the broker's
+    password or TLS files, hook secrets) are warnings on stderr: the service may run as another.
 
     \b
     nvmon config check --config systemd/nvmon.toml
@@ -182,10 +203,14 @@ def check_command(config_path: Path | None, kind: str, as_json: bool) -> None:
     """
     if kind == "auto":
         kind = detect_kind(config_path) if config_path is not None else "daemon"
-    source, data, notes = effective(kind, config_path)
+    source, cfg, data, notes = effective(kind, config_path)
     data = masked(data)
+    warnings = file_problems(cfg)
+    for w in warnings:
+        click.echo(f"nvmon config check: warning: {w}", err=True)
     if as_json:
-        click.echo(json.dumps({"kind": kind, "file": source, "notes": notes, "config": data}, indent=2))
+        click.echo(json.dumps({"kind": kind, "file": source, "notes": notes, "warnings": warnings, "config": data},
+                              indent=2))
         return
     reader = "nvmon daemon" if kind == "daemon" else "nvmon fleet"
     head = [f"# {source}: valid for {reader}" if source else f"# no file: {reader}'s built-in defaults",
