@@ -183,7 +183,7 @@ def config_group() -> None:
     """The daemon's and nvmon fleet's config files."""
 
 
-@config_group.command("check")
+@config_group.command("check", short_help="Validate a config file; print it with defaults filled in.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", help="The file to check (default /etc/nvmon/nvmon.toml; with --kind fleet, "
                                    "/etc/nvmon/fleet.toml; built-in defaults where it does not exist).")
