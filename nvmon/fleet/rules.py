@@ -26,6 +26,9 @@ about itself is judged here:
   starts and once when it ends. After `feed_stall_max_s` per-node judgement resumes (the alert
   stays): a broker that still answers this client's pings is not stalled, the nodes are silent.
 
+Nodes that never announced themselves (neither a status nor an inventory: a name that only sends
+samples) are shown by the views but judged by no rule.
+
 Pure and synchronous: `FleetRules.conditions(state, now)` returns the conditions holding now,
 grouped by `Place` (the node, rack or fault they are about); nvmon.fleet.alerting feeds them to
 one AlertEngine per place. The config model (`[fleet]`) lives here too (docs/alerts.md).
@@ -107,6 +110,12 @@ class FleetSettings(_Strict):
     feed_stall_min_nodes: int = Field(3, ge=2, le=100_000)  # fewer live nodes: a silent feed is judged per node
     feed_stall_max_s: float = Field(60.0, ge=0, le=WEEK_S)  # hold per-node judgement this long at most; 0: never
     log_drops_every_s: float = Field(60.0, ge=1, le=86400)  # nvmon fleet logs refused messages this often
+    # What a flood of made-up names can take (nvmon.fleet.state): new nodes and clusters past these
+    # are dropped and counted; nodes without an inventory are forgotten after this long silent.
+    max_nodes: int = Field(20_000, ge=1, le=1_000_000)
+    max_clusters: int = Field(1000, ge=1, le=100_000)
+    max_nodes_without_inventory: int = Field(1000, ge=1, le=1_000_000)
+    forget_without_inventory_s: float = Field(60.0, ge=1, le=WEEK_S)
     racks: dict[str, RackSettings] = Field(default_factory=dict)
     rules: dict[str, FleetRuleOverride] = Field(default_factory=dict)
 
@@ -258,6 +267,8 @@ class FleetRules:
                 self.identities = ids
                 return out
         for (cluster, node), view in state.nodes.items():
+            if view.status is None and view.inventory is None:
+                continue  # never announced itself (a daemon sends both when it connects): a name, not a node
             live = lives[(cluster, node)]
             max_interval = max(max_interval, view.stale_after_s / state.stale_factor)
             place = Place("node", cluster, node)

@@ -10,9 +10,18 @@ Views redraw by version: every change increments `version` and records which nod
 `changed_since(v)` names the rows to repaint. Liveness depends on time as well as messages, so the
 owner calls `sweep(now)` about once a second (the subscriber does) to turn silence into changes.
 
-Memory is bounded: at most `max_nodes` nodes (new ones beyond are counted and dropped), a fixed
-ring of history per node, and inventories share their identical parts (links, topology, ports)
-across nodes of the same board, which cuts an HGX inventory from ~47 KB to a few KB per node.
+Memory is bounded: at most `max_nodes` nodes in at most `max_clusters` clusters, of which at most
+`max_without_inventory` created by samples or alerts before any inventory (new ones beyond each cap
+are dropped before parsing and counted, `node_cap` / `cluster_cap`), a fixed ring of history per
+node, and inventories share their identical parts (links, topology, ports) across nodes of the same
+board, which cuts an HGX inventory from ~47 KB to a few KB per node. A node that never sent an
+inventory (a daemon sends one as it connects) and has been silent for `forget_without_inventory_s`
+is forgotten by `sweep` (counted, logged): a flood of made-up names goes away when it stops.
+
+What the state does not take on trust (nvmon.fleet.guard): a sample makes its node fresh as of
+when it was taken, by its own timestamp on this clock (skewed clocks flagged, not trusted); an
+empty retained status forgets a node only once its samples have stopped; two daemons publishing
+as one node are reported once (`fleet.duplicate_node`).
 
 Strings from the wire (node names are safe; models, labels, racks, summaries are not) are kept as
 they came. Showing them literally, e.g. `rich.text.Text(s)`, is the view's job.
@@ -26,20 +35,22 @@ import json
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 
+from nvmon.fleet.guard import Claims, FeedLag, NodeClock, sample_time
 from nvmon.fleet.history import History, Points
-from nvmon.fleet.summary import Facts, Summary, summarize
+from nvmon.fleet.summary import Facts, summarize
+from nvmon.fleet.view import (  # noqa: F401  (NodeView and the rest are imported from here too)
+    MAX_STATUS_AGE_S, SKEW_TOLERANCE_S, FleetStats, Liveness, NodeKey, NodeView, RackPower, status_time)
 from nvmon.wire.contract import MAX_PAYLOAD_BYTES, AlertSet, Inventory, Status, Tick, WireError, parse_topic
 from nvmon.wire.parse import parse_message
 
 log = logging.getLogger("nvmon.fleet")
 
-NodeKey = tuple[str, str]  # (cluster, node)
-
 # Why a message was dropped. `classify` maps the reader's WireError onto the middle ones.
-DROP_REASONS = ("topic", "oversize", "json", "schema", "content", "mismatch", "layout", "node_cap", "reader_bug")
+DROP_REASONS = ("topic", "oversize", "json", "schema", "content", "mismatch", "layout", "node_cap", "cluster_cap",
+                "reader_bug")
 _CLASSES = (  # (fragment of a WireError message, reason); the test suite pins each one
     ("exceeds", "oversize"), ("payload is", "json"), ("not UTF-8", "json"), ("invalid JSON", "json"),
     ("nested too deeply", "json"), ("non-finite number", "json"), ("expected a JSON object", "json"),
@@ -60,116 +71,6 @@ def classify(error: WireError) -> str:
     return next((reason for fragment, reason in _CLASSES if fragment in text), "content")
 
 
-# A status's own `ts` dates it, bounded by the receiver's clock: one from the future (a skewed node
-# clock) counts as received now, one older than this as unknown (received now too).
-SKEW_TOLERANCE_S = 5.0
-MAX_STATUS_AGE_S = 366 * 86400.0
-
-
-def status_time(ts: float, rx: float) -> tuple[float, float | None]:
-    """When a status says it happened, sanely bounded by `rx` (when it arrived), and the node's
-    clock skew if it is visibly ahead (None otherwise: a retained message's lateness is no skew)."""
-    if ts > rx + SKEW_TOLERANCE_S:
-        return rx, ts - rx
-    if not rx - MAX_STATUS_AGE_S <= ts:
-        return rx, None
-    return min(ts, rx), None
-
-
-@dataclass(frozen=True, slots=True)
-class Liveness:
-    state: str  # "online" | "stale" (no tick for stale_after_s) | "offline" (status offline or the will)
-    age_s: float  # since the last sign of life (online, stale) or since it went offline
-    reason: str | None = None  # offline: "lost" (the will), "stopped" (clean), or None
-    exact: bool = True  # False: an upper bound, "silent for up to age_s" (a will found retained: see NodeView)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    """One node, as of its latest messages; replaced (never mutated) on every change.
-    `*_rx` are receive times (unix s, the aggregator's clock)."""
-
-    cluster: str
-    node: str
-    first_seen: float
-    stale_after_s: float
-    status: Status | None = None
-    status_rx: float | None = None
-    status_since: float | None = None  # when the status last changed state, by its own `ts` (status_time)
-    since_bound: bool = False  # status_since is the will found retained: dated at the daemon's connect,
-    # not its death, so the node's latest own timestamp is the best date (an upper bound on the age)
-    clock_skew_s: float | None = None  # the latest status's `ts` was this far ahead of the receiver's clock
-    inventory: Inventory | None = None
-    facts: Facts | None = None  # what the inventory implies for summaries (specs, expected counts)
-    inventory_stale: bool = False  # ticks now come with another layout; waiting for the new inventory
-    tick: Tick | None = None
-    tick_rx: float | None = None
-    alive_rx: float | None = None  # latest tick, counting ticks not applied (layout mismatch, or replaced
-    # by a newer one while the subscriber was behind: see `note_seen`)
-    alerts: AlertSet | None = None
-    summary: Summary | None = None
-    dropped: int = 0  # this node's messages that broke the contract
-
-    @property
-    def key(self) -> NodeKey:
-        return (self.cluster, self.node)
-
-    @property
-    def rack(self) -> str | None:
-        return self.inventory.rack if self.inventory is not None else None
-
-    @property
-    def labels(self) -> Mapping[str, str]:
-        return self.inventory.labels if self.inventory is not None else {}
-
-    @property
-    def cluster_uuid(self) -> str | None:
-        """The multi-node NVLink domain (NVL72-class) the node's GPUs report, from its inventory:
-        what a view groups nodes by when present; None outside one (HGX: an all-zero UUID)."""
-        return self.inventory.cluster_uuid if self.inventory is not None else None
-
-    def alert_counts(self) -> dict[str, int]:
-        """Active alerts by severity ("critical", "warning", "info")."""
-        return dict(Counter(a.severity for a in self.alerts.alerts)) if self.alerts is not None else {}
-
-    def liveness(self, now: float) -> Liveness:
-        st, alive, status_rx = self.status, self.alive_rx, self.status_rx
-        if st is not None and st.state == "offline" and (alive is None or status_rx is None or alive <= status_rx):
-            # A tick after the offline status proves the node alive again (it restarted and its
-            # online status is still on the way), so only silence keeps it offline.
-            since = self.status_since or now
-            if self.since_bound:  # the latest own timestamp of the node's retained messages
-                for m in (self.inventory, self.alerts):
-                    if m is not None and since < m.ts <= now:
-                        since = m.ts
-            return Liveness("offline", max(0.0, now - since), st.reason, exact=not self.since_bound)
-        last = alive if alive is not None else self.first_seen
-        if status_rx is not None and (alive is None or status_rx > alive):
-            last = status_rx
-        age = max(0.0, now - last)
-        return Liveness("stale" if age > self.stale_after_s else "online", age)
-
-
-@dataclass(frozen=True, slots=True)
-class RackPower:
-    rack: str | None
-    nodes: int
-    reporting: int  # online nodes with a power reading: the sums cover only these
-    power_w: float
-    power_limit_w: float
-
-
-@dataclass(frozen=True, slots=True)
-class FleetStats:
-    received: int
-    applied: int  # valid messages (duplicates of retained state included); received = applied + cleared + dropped
-    cleared: int  # empty retained messages: an operator removed the node's topic
-    dropped: int
-    dropped_by_reason: dict[str, int]
-    last_drop: str | None  # "reason: one-line message", safe to display
-    clock_skewed: int = 0  # nodes whose latest status is dated ahead of this clock (status_time)
-
-
 class _Drop(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -180,10 +81,19 @@ class FleetState:
     """See the module docstring. `nodes` is a read-only mapping NodeKey → NodeView."""
 
     def __init__(self, *, max_nodes: int = 20_000, stale_factor: float = 3.0, default_interval_s: float = 1.0,
-                 history_points: int = 300):
-        if max_nodes < 1 or stale_factor <= 0 or default_interval_s <= 0:
-            raise ValueError("max_nodes, stale_factor and default_interval_s must be positive")
+                 history_points: int = 300, max_clusters: int = 1000, max_without_inventory: int = 1000,
+                 forget_without_inventory_s: float = 60.0):
+        if min(max_nodes, max_clusters, max_without_inventory) < 1 or stale_factor <= 0 or default_interval_s <= 0:
+            raise ValueError("the caps, stale_factor and default_interval_s must be positive")
         self.max_nodes, self.stale_factor = max_nodes, stale_factor
+        self.max_clusters, self.max_without_inventory = max_clusters, max_without_inventory
+        self.forget_without_inventory_s = forget_without_inventory_s
+        self._clusters: Counter[str] = Counter()  # nodes per cluster
+        self._no_inventory: set[NodeKey] = set()  # nodes that have sent no inventory (yet)
+        self._clocks: dict[NodeKey, NodeClock] = {}
+        self._lag = FeedLag()
+        self._claims = Claims()
+        self._expired = self._kept_alive = 0
         self.default_interval_s, self.history_points = default_interval_s, history_points
         self._nodes: dict[NodeKey, NodeView] = {}
         self.nodes: Mapping[NodeKey, NodeView] = MappingProxyType(self._nodes)
@@ -230,8 +140,14 @@ class FleetState:
             raise _Drop("topic", str(e)) from None
         key = (cluster, node)
         view = self._nodes.get(key)
-        if view is None and len(self._nodes) >= self.max_nodes:  # before parsing: a flood costs little
-            raise _Drop("node_cap", f"more than {self.max_nodes} nodes: {cluster}/{node} ignored")
+        if view is None:  # the caps, before parsing: a flood of made-up names costs little
+            if len(self._nodes) >= self.max_nodes:
+                raise _Drop("node_cap", f"more than {self.max_nodes} nodes: {cluster}/{node} ignored")
+            if cluster not in self._clusters and len(self._clusters) >= self.max_clusters:
+                raise _Drop("cluster_cap", f"more than {self.max_clusters} clusters: {cluster}/{node} ignored")
+            if kind in ("sample", "alerts") and len(self._no_inventory) >= self.max_without_inventory:
+                raise _Drop("node_cap", f"more than {self.max_without_inventory} nodes without an inventory: "
+                            f"{cluster}/{node} ignored")
         if isinstance(payload, (bytes, bytearray, memoryview)):
             if len(payload) == 0 and kind in _RETAINED:
                 self._clear(key, kind, now)  # how MQTT deletes a retained message
@@ -250,7 +166,7 @@ class FleetState:
                    "alerts": self._on_alerts}[kind]
         new, drop = handler(view, msg, now)
         if new is not view:
-            self._nodes[key] = new
+            self._put(key, new)
             self._live[key] = new.liveness(now).state
             self._bump(key)
         if drop is not None:
@@ -258,6 +174,15 @@ class FleetState:
         return False
 
     _drop_text = {"layout": "sample layout differs from the inventory's (inventory not yet re-sent)"}
+
+    def _put(self, key: NodeKey, view: NodeView) -> None:
+        if key not in self._nodes:
+            self._clusters[key[0]] += 1
+        self._nodes[key] = view
+        if view.inventory is None:
+            self._no_inventory.add(key)
+        else:
+            self._no_inventory.discard(key)
 
     def _on_status(self, v: NodeView, st: Status, now: float) -> tuple[NodeView, None]:
         if st == v.status:
@@ -274,12 +199,17 @@ class FleetState:
         if same_state:
             at, bound = v.status_since, v.since_bound
         if skew is not None and v.clock_skew_s is None:
-            log.log(logging.DEBUG if self._skew_noted else logging.WARNING,
-                    "fleet: %s/%s's status is dated %.0f s ahead of this clock (clock skew?); dated by arrival%s",
-                    v.cluster, v.node, skew, "" if self._skew_noted else " (further nodes at DEBUG)")
-            self._skew_noted = True
+            self._note_skew(v, skew, "status")
+        dup = self._claims.status(v.key, st.state, now)
         return replace(v, status=st, status_rx=now, status_since=at, since_bound=bound, clock_skew_s=skew,
-                       stale_after_s=self._stale_after(st, v.tick)), None
+                       stale_after_s=self._stale_after(st, v.tick), duplicate=dup or v.duplicate), None
+
+    def _note_skew(self, v: NodeView, skew: float, what: str) -> None:
+        log.log(logging.DEBUG if self._skew_noted else logging.WARNING,
+                "fleet: %s/%s's %s is dated %.0f s %s this clock (clock skew?); dated by arrival%s", v.cluster,
+                v.node, what, abs(skew), "ahead of" if skew > 0 else "behind", "" if self._skew_noted
+                else " (further nodes at DEBUG)")
+        self._skew_noted = True
 
     def _on_inventory(self, v: NodeView, inv: Inventory, now: float) -> tuple[NodeView, None]:
         inv = self._intern_inventory(inv)
@@ -289,15 +219,28 @@ class FleetState:
         summary = v.summary
         if v.tick is not None:
             summary = summarize(v.tick, facts if inv.layout == v.tick.layout else None)
-        return replace(v, inventory=inv, facts=facts, inventory_stale=False, summary=summary), None
+        dup = self._claims.inventory(v.key, inv.hostname, now)
+        return replace(v, inventory=inv, facts=facts, inventory_stale=False, summary=summary,
+                       duplicate=dup or v.duplicate), None
 
     def _on_tick(self, v: NodeView, t: Tick, now: float) -> tuple[NodeView, str | None]:
         stale_after = self._stale_after(v.status, t)
+        clock = self._clocks.get(v.key)
+        if clock is None:
+            clock = self._clocks[v.key] = NodeClock(now)
+        at, skew = sample_time(clock, now, t.ts, self._lag)  # when it was taken: fresh by its own time
+        if skew is not None and v.clock_skew_s is None:
+            self._note_skew(v, skew, "sample")
+        alive = at if v.alive_rx is None else max(at, v.alive_rx)
+        dup = v.duplicate
+        if v.inventory is not None or v.status is not None:  # sample-only names are not worth the evidence
+            dup = self._claims.tick(v.key, t.interval_s, now) or dup
         if v.inventory is not None and v.inventory.layout != t.layout:
             # The node's GPUs or ports changed and the new inventory has not arrived (the daemon
             # re-sends it at once). The tick's arrays cannot be labelled: it proves the node is
             # alive, but its data is dropped rather than shown against the wrong devices.
-            return replace(v, alive_rx=now, inventory_stale=True, stale_after_s=stale_after), "layout"
+            return replace(v, alive_rx=alive, inventory_stale=True, stale_after_s=stale_after, clock_skew_s=skew,
+                           duplicate=dup), "layout"
         summary = summarize(t, v.facts)
         hist = self._history.get(v.key)
         if hist is None:
@@ -305,8 +248,8 @@ class FleetState:
         hist.append(now, {"nvlink_bytes_per_s": summary.nvlink_bytes_per_s, "power_w": summary.power_w,
                           "hottest_c": summary.hottest_c, "ib_bytes_per_s": summary.ib_bytes_per_s,
                           "pcie_bytes_per_s": _pcie_bytes(t)})
-        return replace(v, tick=t, tick_rx=now, alive_rx=now, summary=summary, inventory_stale=False,
-                       stale_after_s=stale_after), None
+        return replace(v, tick=t, tick_rx=now, alive_rx=alive, summary=summary, inventory_stale=False,
+                       stale_after_s=stale_after, clock_skew_s=skew, duplicate=dup), None
 
     def _on_alerts(self, v: NodeView, alerts: AlertSet, now: float) -> tuple[NodeView, None]:
         return (v, None) if alerts == v.alerts else (replace(v, alerts=alerts), None)
@@ -316,11 +259,17 @@ class FleetState:
         view = self._nodes.get(key)
         if view is None:
             return
-        if kind == "status":  # the node was decommissioned: forget it entirely
+        if kind == "status":  # the node was decommissioned: forget it entirely, unless it still ticks
+            if view.alive_rx is not None and view.liveness(now).state == "online":
+                self._kept_alive += 1
+                log.warning("fleet: %s/%s's retained status was cleared but its samples still arrive (the latest "
+                            "%.1f s ago): kept; stop its daemon before forgetting it", key[0], key[1],
+                            now - view.alive_rx)
+                return
             self.forget(key)
         elif kind == "inventory":
-            self._nodes[key] = replace(view, inventory=None, facts=None, inventory_stale=False,
-                                       summary=summarize(view.tick, None) if view.tick else None)
+            self._put(key, replace(view, inventory=None, facts=None, inventory_stale=False,
+                                   summary=summarize(view.tick, None) if view.tick else None))
             self._bump(key)
         else:
             self._nodes[key] = replace(view, alerts=None)
@@ -378,8 +327,13 @@ class FleetState:
         """Drop a node (decommissioned); it comes back if it publishes again."""
         if self._nodes.pop(key, None) is None:
             return False
-        self._history.pop(key, None)
-        self._live.pop(key, None)
+        for d in (self._history, self._live, self._clocks, self._seen):
+            d.pop(key, None)
+        self._no_inventory.discard(key)
+        self._claims.forget(key)
+        self._clusters[key[0]] -= 1
+        if self._clusters[key[0]] <= 0:
+            del self._clusters[key[0]]
         self._bump(key)
         return True
 
@@ -400,6 +354,7 @@ class FleetState:
             if view is not None and (view.alive_rx is None or seen > view.alive_rx):
                 self._nodes[key] = replace(view, alive_rx=seen)
         self._seen.clear()
+        self._expire(now)
         changed = set()
         for key, view in self._nodes.items():
             state = view.liveness(now).state
@@ -409,6 +364,26 @@ class FleetState:
         for key in changed:
             self._bump(key)
         return changed
+
+    def _expire(self, now: float) -> None:
+        """Forget nodes that never sent an inventory (a daemon sends one when it connects) and have
+        been silent for forget_without_inventory_s: names that only sprayed samples go away. A
+        node whose status says offline stays: that is a real node's will or clean stop."""
+        gone = []
+        for key in self._no_inventory:
+            v = self._nodes.get(key)
+            if v is None or (v.status is not None and v.status.state == "offline"):
+                continue
+            heard = max(x for x in (v.first_seen, v.alive_rx, v.status_rx, v.tick_rx) if x is not None)
+            if now - heard > self.forget_without_inventory_s:
+                gone.append(key)
+        for key in gone:
+            self.forget(key)
+        if gone:
+            self._expired += len(gone)
+            log.warning("fleet: forgot %d node%s that sent no inventory and nothing for %g s (e.g. %s/%s); "
+                        "%d so far", len(gone), "" if len(gone) == 1 else "s", self.forget_without_inventory_s,
+                        gone[0][0], gone[0][1], self._expired)
 
     def changed_since(self, version: int) -> set[NodeKey]:
         """Keys changed after `version`. A key absent from `nodes` was removed. A caller that fell
@@ -455,4 +430,15 @@ class FleetState:
         return FleetStats(received=self._received, applied=self._applied, cleared=self._cleared,
                           dropped=sum(self._dropped.values()), dropped_by_reason=dict(self._dropped),
                           last_drop=self._last_drop,
-                          clock_skewed=sum(v.clock_skew_s is not None for v in self._nodes.values()))
+                          clock_skewed=sum(v.clock_skew_s is not None for v in self._nodes.values()),
+                          expired=self._expired, duplicates=self._claims.found, kept_alive=self._kept_alive)
+
+    @property
+    def feed_lag_s(self) -> float:
+        """How late the whole feed's samples arrive now (the aggregator or broker behind), taken
+        off each node's lateness when judging freshness (nvmon.fleet.guard)."""
+        return self._lag.lag_s
+
+    def has_cluster(self, cluster: str) -> bool:
+        """Whether some node of `cluster` is in the state."""
+        return cluster in self._clusters
