@@ -259,7 +259,7 @@ async def test_nvmon_fleet_refuses_caps_logs_and_keeps_what_it_applied(tmp_path)
     with Broker(tmp_path) as broker:
         f = fleet(tmp_path, broker.url, cluster, cfg, db).start()
         try:
-            await wait_until(lambda: "listening for shared acks and silences" in f.text(), 10, "nvmon fleet listening")
+            await wait_until(lambda: "shared acks and silences on" in f.text(), 10, "nvmon fleet listening")
             every = SharedSilence("f0rged", {"node": "*"}, now, YEAR_5138, "mallory", None)
             long = SharedSilence("l0ng", {"node": "gpu-07"}, now, YEAR_5138, "mallory", None)
             async with make_client(MqttSettings(url=broker.url), client_id="mallory") as c:

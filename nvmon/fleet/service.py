@@ -22,7 +22,6 @@ Fleet alerts are not published over MQTT: the wire contract has per-node topics 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -98,7 +97,6 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     """Run until SIGTERM / SIGINT (or cancelled); 0 after a clean stop, 1 if the database is unusable.
     `clusters`: the clusters to watch, () for every cluster on the broker."""
     from nvmon.alerts.hook_dispatch import HookDispatcher
-    from nvmon.alerts.shared import listening
     from nvmon.fleet.alerting import FleetAlerts
     from nvmon.fleet.rules import FleetRules
     from nvmon.fleet.state import FleetState
@@ -125,7 +123,10 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     n = alerts.restore(records, clock())
     if n:
         log.info("fleet: %d active alerts restored from %s (no new pages for them)", n, db)
-    state = FleetState(stale_factor=cfg.fleet.stale_after_intervals)
+    f = cfg.fleet
+    state = FleetState(stale_factor=f.stale_after_intervals, max_nodes=f.max_nodes, max_clusters=f.max_clusters,
+                       max_without_inventory=f.max_nodes_without_inventory,
+                       forget_without_inventory_s=f.forget_without_inventory_s)
     log.info("fleet: watching %s on %s; rules: %s; alert state in %s",
              f"cluster{'s' if len(clusters) > 1 else ''} {', '.join(clusters)}" if clusters else "every cluster",
              settings.url, ", ".join(sorted(rules.book)) or "none", db)
@@ -134,10 +135,8 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
             tg.create_task(dispatcher.run(), name="nvmon.fleet.hooks")
             tg.create_task(alerts.persist_loop(), name="nvmon.fleet.persist")
             tg.create_task(log_drops(state, cfg.fleet.log_drops_every_s), name="nvmon.fleet.drops")
-            async with subscribed(settings, state, clusters=clusters) as sub, contextlib.AsyncExitStack() as stack:
-                # Shared acks and silences: one listener per watched cluster (or one for every cluster).
-                for c in clusters or (None,):
-                    await stack.enter_async_context(listening(settings, alerts.shared, cluster=c))
+            # Shared acks and silences come on the same connection, off its sample path (FleetSubscriber).
+            async with subscribed(settings, state, clusters=clusters, controls=alerts.shared.apply) as sub:
                 await _evaluate_loop(alerts, state, sub, clock)
     except asyncio.CancelledError:
         pass

@@ -7,7 +7,12 @@ it to stop.
 
 With `controls=callback`, the same connection also subscribes to the cluster's (or every
 cluster's) shared acks and silences, `nvmon/v1/<cluster>/@controls` (nvmon.wire.control), and
-hands each such message to `callback(topic, payload)` instead of the state: the TUI shows them.
+hands each such message to `callback(topic, payload)` instead of the state: the TUI shows them,
+`nvmon fleet` applies them. Off the sample path: the reader only keeps the latest message per
+control topic (a burst of big control messages costs a dict entry each), and a separate task
+hands them on one per loop turn. When every cluster is watched, a control topic whose cluster has
+no node in the state waits (at most MAX_WAITING_CONTROLS, the oldest dropped and counted) until
+one appears: a writer of @controls for made-up clusters costs nothing.
 
 The broker connection is the shared `nvmon.wire.session.MqttSession` (connect, backoff, the log
 lines, the error counts, cancel safety); this module only uses the client's `subscribe` and
@@ -39,6 +44,7 @@ MAX_PENDING = 50_000  # samples waiting to be applied (one per topic): flush at 
 FLUSH_CHUNK = 64  # samples applied between two looks at the socket
 SLICE_S = 0.1  # behind: apply for at most this long, then read for as long as that took
 BUSY_SHARE = 0.5  # applying more than this share of the time: behind, start coalescing samples
+MAX_WAITING_CONTROLS = 100  # control topics of clusters not (yet) in the state, kept (latest each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,9 @@ class SubscriberStatus:
     coalesced: int  # samples replaced by a newer one of the same node before being applied (we were behind)
     rate_per_s: float  # over the last RATE_WINDOW_S seconds
     dropped: int  # messages the state refused (all reasons; `state.stats` has them by reason)
+    controls: int = 0  # control messages handed to the callback
+    controls_coalesced: int = 0  # control messages replaced by a newer one of their topic before being handed on
+    controls_dropped: int = 0  # control topics of unknown clusters dropped past MAX_WAITING_CONTROLS
 
 
 class _Rate:
@@ -121,6 +130,11 @@ class FleetSubscriber:
                                    clock=clock)
         self._messages = self._coalesced = 0
         self._rate = _Rate()
+        self._watch_all = not clusters and cluster is None
+        self._controls_in: OrderedDict[str, bytes] = OrderedDict()  # topic → latest payload, not yet handed on
+        self._controls_waiting: OrderedDict[str, bytes] = OrderedDict()  # of clusters not in the state yet
+        self._controls_wake = asyncio.Event()
+        self._controls_done = self._controls_coalesced = self._controls_dropped = 0
 
     @property
     def status(self) -> SubscriberStatus:
@@ -129,12 +143,16 @@ class FleetSubscriber:
             url=self.settings.url, filter=self.filter, connected=s.connected, since=s.since,
             connects=s.connects, errors=s.errors, last_error=s.last_error,
             last_error_at=s.last_error_at, messages=self._messages, coalesced=self._coalesced,
-            rate_per_s=self._rate.per_s(self.clock()), dropped=self.state.stats.dropped)
+            rate_per_s=self._rate.per_s(self.clock()), dropped=self.state.stats.dropped,
+            controls=self._controls_done, controls_coalesced=self._controls_coalesced,
+            controls_dropped=self._controls_dropped)
 
     async def run(self) -> NoReturn:
         """Subscribe and apply until cancelled; reconnects with backoff, sweeps liveness every second."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._sweeper(), name="nvmon.fleet.sweep")
+            if self.controls is not None:
+                tg.create_task(self._hand_controls(), name="nvmon.fleet.controls")
             await self.session.run(self._connected, setup=self._subscribe)
 
     async def _sweeper(self) -> NoReturn:
@@ -142,6 +160,41 @@ class FleetSubscriber:
         while True:
             await asyncio.sleep(self.sweep_every_s)
             self.state.sweep(self.clock())
+            if self._controls_waiting:  # their clusters may have appeared meanwhile
+                self._controls_wake.set()
+
+    def _control_in(self, topic: str, payload: bytes) -> None:
+        """The reader's whole share of a control message: keep it as its topic's latest."""
+        if self._controls_in.pop(topic, None) is not None or self._controls_waiting.pop(topic, None) is not None:
+            self._controls_coalesced += 1
+        self._controls_in[topic] = payload
+        self._controls_wake.set()
+
+    async def _hand_controls(self) -> NoReturn:
+        """Hand each control topic's latest message to the callback, one per loop turn."""
+        controls, waiting = self.controls, self._controls_waiting
+        while True:
+            await self._controls_wake.wait()
+            self._controls_wake.clear()
+            for t in [t for t in waiting if self.state.has_cluster(t.split("/")[2])]:
+                self._controls_in[t] = waiting.pop(t)
+            while self._controls_in:
+                topic, payload = self._controls_in.popitem(last=False)
+                if self._watch_all and not self.state.has_cluster(topic.split("/")[2]):
+                    waiting[topic] = payload
+                    while len(waiting) > MAX_WAITING_CONTROLS:
+                        dropped, _ = waiting.popitem(last=False)
+                        self._controls_dropped += 1
+                        log.warning("fleet: control message of %s dropped: more than %d clusters without a node "
+                                    "sent one (%d dropped so far)", dropped[:120], MAX_WAITING_CONTROLS,
+                                    self._controls_dropped)
+                    continue
+                try:
+                    controls(topic, payload)
+                except Exception:  # the owner's callback: never let it end the task
+                    log.exception("fleet: controls callback failed on %s", topic[:120])
+                self._controls_done += 1
+                await asyncio.sleep(0)  # the sample reader goes on between two control messages
 
     async def _subscribe(self, client) -> None:
         # QoS 1: retained status/inventory/alerts arrive at least once; samples stay QoS 0.
@@ -149,7 +202,8 @@ class FleetSubscriber:
             await client.subscribe(f, qos=1)
 
     async def _connected(self, client) -> None:
-        log.info("fleet: subscribed to %s on %s", self.filter, self.settings.url)
+        log.info("fleet: subscribed to %s on %s%s", self.filter, self.settings.url,
+                 f"; shared acks and silences on {', '.join(self.controls_filters)}" if self.controls_filters else "")
         await self._consume(client)
 
     async def _consume(self, client) -> None:
@@ -169,7 +223,7 @@ class FleetSubscriber:
         follows a tick still wins.
         """
         apply, note_seen, rate, clock = self.state.apply, self.state.note_seen, self._rate, self.clock
-        controls, control_suffix = self.controls, "/" + CONTROL_LEVEL
+        controls, control_suffix, control_in = self.controls, "/" + CONTROL_LEVEL, self._control_in
         queue, load = client.messages, _Load()
         pending: OrderedDict[str, tuple[object, float]] = OrderedDict()  # sample topic → (payload, receive time)
         oldest = next_slice = 0.0
@@ -179,10 +233,7 @@ class FleetSubscriber:
             rate.add(now)
             topic = str(message.topic)
             if controls is not None and topic.endswith(control_suffix):  # 4 levels: never a node's topic
-                try:
-                    controls(topic, bytes(message.payload))
-                except Exception:  # the owner's callback: never let it end the connection
-                    log.exception("fleet: controls callback failed on %s", topic[:120])
+                control_in(topic, bytes(message.payload))
             elif topic.endswith("/sample"):
                 if topic in pending:
                     self._coalesced += 1
