@@ -97,6 +97,7 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     """Run until SIGTERM / SIGINT (or cancelled); 0 after a clean stop, 1 if the database is unusable.
     `clusters`: the clusters to watch, () for every cluster on the broker."""
     from nvmon.alerts.hook_dispatch import HookDispatcher
+    from nvmon.alerts.hook_outbox import Outbox, outbox_path
     from nvmon.fleet.alerting import FleetAlerts
     from nvmon.fleet.rules import FleetRules
     from nvmon.fleet.state import FleetState
@@ -114,7 +115,10 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     except StoreError as e:
         click.echo(f"nvmon: {e}", err=True)
         return 1
-    dispatcher = HookDispatcher(cfg.hooks)
+    # Pending notifications wait in `<db>.outbox`, as a daemon's do (nvmon.alerts.hook_outbox): a crash
+    # or kill -9 during a receiver's outage loses none; the next start delivers them.
+    outbox = await asyncio.to_thread(Outbox, outbox_path(db)) if cfg.hooks else None
+    dispatcher = HookDispatcher(cfg.hooks, outbox=outbox)
     for problem in dispatcher.check():
         log.warning("hooks: %s", problem)
     rules = FleetRules(cfg.fleet)
