@@ -122,13 +122,13 @@ class Daemon:
         m = self.cfg.mqtt
         if not m.broker:
             return None
-        from nvmon.wire.mqtt import Backoff, MqttSettings
+        from nvmon.wire.mqtt import Backoff, MqttSettings, node_client_id
         from nvmon.wire.publisher import Publisher
 
         settings = MqttSettings(url=m.broker, username=m.username, password_file=m.password_file,
                                 ca_file=m.ca_file, cert_file=m.cert_file, key_file=m.key_file,
                                 tls_insecure=m.tls_insecure, keepalive_s=m.keepalive_s,
-                                client_id=f"nvmon-{self.cfg.node.cluster}-{self.node}")
+                                client_id=node_client_id(self.cfg.node.cluster, self.node, str(self.cfg.store.path)))
         # Backoff capped at 4 s (jittered down to 2 s): a node must be publishing again within 5 s
         # of its broker's return, and jitter keeps a fleet from reconnecting in lock-step. A refused
         # login or a TLS failure backs off to 60 s instead (Backoff.refused_max_s).

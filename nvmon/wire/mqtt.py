@@ -6,15 +6,20 @@ bounded disconnect — stays here so that an upgrade touches one file. The recon
 every client runs on is `nvmon.wire.session.MqttSession`; the node's publisher is
 `nvmon.wire.publisher.Publisher`.
 
-Protocol: plain MQTT 3.1.1 (no broker extensions, see DESIGN.md "Scaling out"), clean session,
-client id `nvmon-<cluster>-<node>` unless configured: a restarted daemon takes its old session
-over at once instead of waiting for the broker's keepalive to expire it.
+Protocol: plain MQTT 3.1.1 (no broker extensions, see DESIGN.md "Scaling out"), clean session.
+A daemon's client id is `nvmon-<cluster>-<node>-<8 hex>` (`node_client_id`), the hex the same
+for the same host and database: a restarted daemon takes its old session over at once instead of
+waiting for the broker's keepalive to expire it (and the old session's will is not left to
+arrive after the new "online"), while a second daemon claiming the same node name elsewhere gets
+its own session instead of the two taking it from each other every second.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import socket
 import random
 import re
 import ssl
@@ -26,6 +31,8 @@ import aiomqtt
 from aiomqtt.exceptions import MqttConnectError  # not re-exported by aiomqtt 2.x; a negative CONNACK
 
 from nvmon.secretfile import check_private
+
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 
 log = logging.getLogger("nvmon.wire")
 
@@ -140,6 +147,21 @@ class MqttSettings:
         if self.tls_insecure:
             ctx.check_hostname = False  # paho reads this too and skips its own host check
         return ctx
+
+
+def node_client_id(cluster: str, node: str, instance: str, *, machine_files=MACHINE_ID_FILES) -> str:
+    """`nvmon-<cluster>-<node>-<8 hex>`: the hex a hash of this host's machine id, its host name and
+    `instance` (the daemon's database path: two daemons on one host need two databases). Stable
+    across restarts, different for a second daemon that claims the same node name. The machine id
+    is hashed, never sent (machine-id(5) asks for that)."""
+    machine = b""
+    for f in machine_files:
+        with contextlib.suppress(OSError), open(f, "rb") as fh:
+            machine = fh.read(256).strip()
+            break
+    h = hashlib.sha256(b"nvmon-client-id\0" + machine + b"\0" + socket.gethostname().encode(errors="replace")
+                       + b"\0" + instance.encode(errors="replace"))
+    return f"nvmon-{cluster}-{node}-{h.hexdigest()[:8]}"
 
 
 def make_client(settings: MqttSettings, *, client_id: str, will: tuple[str, bytes] | None = None) -> aiomqtt.Client:
