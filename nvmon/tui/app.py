@@ -96,6 +96,8 @@ class NvmonApp(App):
         # One read-modify-write of a cluster's shared set at a time: `k` then `x` at once would each read
         # the same set and the second publish would drop the first's change.
         self.share_lock = asyncio.Lock()
+        # The reason of the message dropped last, whoever dropped it (the header and help show it).
+        self._drop_counts, self._last_drop = (0, 0, 0), None
 
     def now(self) -> float:
         return self.clock()
@@ -146,7 +148,7 @@ class NvmonApp(App):
         refused = self.controls.malformed + self.controls.refused_silences if self.controls is not None else 0
         info = HeaderInfo(source=self.source, cluster=self.cluster, nodes=len(st.nodes), online=counts["online"],
                           stale=counts["stale"], offline=counts["offline"], dropped=stats.dropped + refused,
-                          last_drop=stats.last_drop, fresh_s=None if newest is None else max(0.0, now - newest),
+                          last_drop=self._latest_drop(stats), fresh_s=None if newest is None else max(0.0, now - newest),
                           alerts=len(self.alert_log.fleet) + sum(len(v.alerts.alerts) for v in st.nodes.values()
                                                                  if v.alerts is not None))
         sub = self.subscriber
@@ -157,6 +159,23 @@ class NvmonApp(App):
                        connecting=s.since is None and s.errors == 0 and self.subscriber_error is None,
                        lost_for_s=None if s.since is None else max(0.0, now - s.since),
                        error=self.subscriber_error or s.last_error)
+
+    def _latest_drop(self, stats) -> str | None:
+        """The reason of the latest drop, whichever counter moved last: the fleet state's (a bad
+        sample, status, topic…) or the shared controls' (a malformed control message, a silence
+        refused for covering every node)."""
+        c = self.controls
+        counts = (stats.dropped, c.malformed if c else 0, c.refused_silences if c else 0)
+        if counts != self._drop_counts:
+            was, self._drop_counts = self._drop_counts, counts
+            if counts[0] > was[0]:
+                self._last_drop = stats.last_drop
+            if counts[1] > was[1]:
+                why = c.last_error or "?"  # "reason: message", as the state's
+                self._last_drop = why if why.startswith("controls") else f"controls: {why}"
+            if counts[2] > was[2]:
+                self._last_drop = "shared silence refused: it covers every node without --all-nodes"
+        return self._last_drop
 
     # --- navigation ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from nvmon.tui.rows import COLUMNS
+from nvmon.tui.screens.alerts import SILENCE_S, duration_words
 from nvmon.tui.text import BAD, INFO, OK, SYMBOL, WARN, clean
 
 KEYS = (
@@ -23,15 +24,18 @@ KEYS = (
                ("p", "problems only"))),
     ("node", (("Esc", "back to the fleet"), ("↑ ↓ PgUp PgDn Home End", "scroll"), ("← →", "scroll sideways"))),
     ("alerts", (("Enter", "open the alert's node"), ("k", "acknowledge the episode (shared on the broker)"),
-                ("x", "silence node + code for 2 h (shared on the broker)"))),
+                ("x", "silence node + code for {silence} (shared on the broker)"))),
 )
 FILTER_HELP = ("Filter words must all match: text in node, cluster, rack, model or labels (key=value), "
                "or one of: online, stale, offline, problem.")
 
 
-def help_renderable(notes: tuple[str, ...] = ()) -> Table:
-    """Keys, symbols, columns; `notes` (the embedding program's, e.g. what the demo planted) first.
-    Three columns (section, key, what), one line each, so it fits without scrolling at 160×48."""
+def help_renderable(notes: tuple[str, ...] = (), *, silence: str = "2 h", dropped: int = 0,
+                    last_drop: str | None = None) -> Table:
+    """Keys, symbols, columns; `notes` (the embedding program's, e.g. what the demo planted) first,
+    then the messages this view dropped and why the last one was (whole, where the header cuts it).
+    `silence`: how long `x` silences. Three columns (section, key, what), one line each, so it fits
+    without scrolling at 160×48."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold underline", no_wrap=True)
     grid.add_column(style="bold", no_wrap=True)
@@ -44,8 +48,11 @@ def help_renderable(notes: tuple[str, ...] = ()) -> Table:
 
     if notes:
         section("THIS FLEET", [("", clean(note, 200)) for note in notes])
+    if dropped:
+        section("DROPPED", [(f"{dropped} messages", "refused by this view: off the wire contract, over a cap, "
+                                                    "or untrusted"), ("last", clean(last_drop or "?", 300))])
     for screen, keys in KEYS:
-        section(screen.upper(), keys)
+        section(screen.upper(), [(k, w.format(silence=silence)) for k, w in keys])
     for style, what in ((OK, "healthy"), (WARN, "degraded / worth a look (yellow)"), (BAD, "fault (red)"),
                         (INFO, "information")):
         section("SYMBOLS" if style == OK else "", [(Text(SYMBOL[style], style=style), what)])
@@ -64,4 +71,7 @@ class HelpScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
             yield Static(Text("nvmon tui — keys and symbols (Esc closes)", style="bold"), id="help-title")
-            yield Static(help_renderable(self.app.notes), id="help-body")
+            info, app = self.app.header_info, self.app
+            yield Static(help_renderable(app.notes, silence=duration_words(min(SILENCE_S, app.max_silence_s)),
+                                         dropped=info.dropped if info else 0, last_drop=info.last_drop if info else None),
+                         id="help-body")

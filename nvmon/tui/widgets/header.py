@@ -27,7 +27,7 @@ class HeaderInfo:
     offline: int = 0
     rate_per_s: float | None = None  # messages/s; None without a subscriber
     dropped: int = 0
-    last_drop: str | None = None
+    last_drop: str | None = None  # why the latest dropped message was dropped (one line, escaped when shown)
     fresh_s: float | None = None  # since the newest tick
     connected: bool | None = None  # None: no subscriber (a fixed state)
     lost_for_s: float | None = None
@@ -69,6 +69,9 @@ def info_text(info: HeaderInfo, title: str) -> Text:
         stale = info.fresh_s > 5
         line.append(f"fresh {info.fresh_s:.1f}s" if info.fresh_s < 60 else f"fresh {age(info.fresh_s)}",
                     WARN if stale else "")
+    if info.dropped and info.last_drop:  # last: cut first on a narrow screen (the help shows it whole)
+        line.append("  │ ", DIM)
+        line.append(f"last drop: {clean(info.last_drop, 160)}", DIM)
     return line
 
 
