@@ -65,6 +65,9 @@ async def test_acks_and_silences_made_elsewhere_show_on_the_alerts_screen(tmp_pa
         # another cluster's silence naming the same node: scoped to its cluster, it mutes nothing of t
         _, change = shared_silence({"node": "n1"}, now - 1, now + 3600, "carol", None)
         await update_shared(MqttSettings(url=broker.url), "u", change)
+        async with make_client(MqttSettings(url=broker.url), client_id="node-u") as c:  # u has a node (no alert):
+            # a view of every cluster takes the control set of a cluster it knows a node of
+            await c.publish(topic("u", "n2", "alerts"), alerts_payload([], now), qos=1, retain=True)
         app = NvmonApp(MqttSettings(url=broker.url), source="controls test", refresh_s=0.1)  # every cluster
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(lambda: app.subscriber.status.connected, 10, "the subscriber")
