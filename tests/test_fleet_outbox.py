@@ -84,3 +84,32 @@ async def test_kill_9_of_nvmon_fleet_during_a_hook_outage_delivers_after_restart
             for p in (f, node, g):
                 if p is not None and p.proc.poll() is None:
                     p.kill()
+
+
+async def test_a_stop_of_nvmon_fleet_delivers_what_its_hooks_hold(tmp_path, receiver):
+    """SIGTERM: the hooks get their second to deliver, as a daemon's do, here a page still held for
+    its group (group_wait_s 30 s), and the stop stays under 2 s."""
+    cluster, db = cluster_name(), tmp_path / "fleet.db"
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(webhook(receiver, group_wait_s=30))
+    node_cfg = tmp_path / "node.toml"
+    node_cfg.write_text(f'[node]\ncluster = "{cluster}"\nrack = "r1"\n[mqtt]\nkeepalive_s = 2\n')
+    with Broker(tmp_path) as broker:
+        f = fleet(tmp_path, broker.url, cluster, cfg, db).start()
+        node = Proc(tmp_path, "n1", "daemon", "--config", str(node_cfg), "--broker", broker.url, "--db",
+                    str(tmp_path / "n1.db"), "--node", "n1", "--sim", "hgx-h100", "--interval", "0.5").start()
+        try:
+            await wait_until(lambda: "subscribed to" in f.text(), 15, "nvmon fleet subscribed")
+            await wait_until(lambda: (tmp_path / "n1.db").exists(), 15, "the node's first ticks")
+            await asyncio.sleep(3)
+            node.kill()
+            await wait_until(lambda: "fleet alert firing: critical node.offline on" in f.text(), 15, "the page")
+            assert receiver.requests == []  # held for its group
+            rc, took = f.stop()
+            assert rc == 0 and took < 2.0, f.text()
+            (got,) = receiver.delivered("/wh", "firing")
+            assert [a["code"] for a in got["alerts"]] == ["node.offline"]
+        finally:
+            for p in (f, node):
+                if p.proc.poll() is None:
+                    p.kill()

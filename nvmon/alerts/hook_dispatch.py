@@ -407,5 +407,16 @@ class HookDispatcher:
         log.warning("hooks: stopping with %d notification(s) not delivered%s", left, kept)
         return False
 
+    async def stop(self, task: asyncio.Task, drain_s: float = 1.0, cancel_s: float = 0.5) -> None:
+        """On stop: let the hooks deliver what is queued (≤ `drain_s`), then cancel `task` (the one
+        running `run()`, kept outside the caller's TaskGroup) and wait ≤ `cancel_s` for it; what is
+        left stays in the outbox. The daemon and nvmon fleet both stop their hooks this way."""
+        if not task.done():
+            await self.drain(drain_s)
+        task.cancel()
+        await asyncio.wait({task}, timeout=cancel_s)  # wait_for could wait on past its timeout
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("hooks: stopped with an error: %s", task.exception())
+
     def stats(self) -> list[HookStats]:
         return [w.stats() for w in self._workers]

@@ -385,21 +385,12 @@ class Daemon:
             if not self.embedded:
                 sdnotify.stopping()
             # The hooks drain while the store flushes (each bounded), so that the stop stays short.
-            stop_hooks = asyncio.create_task(self._stop_hooks(hooks_task)) if hooks_task is not None else None
+            stop_hooks = (asyncio.create_task(self.notifier.stop(hooks_task, HOOKS_DRAIN_S, HOOKS_CANCEL_S))
+                          if hooks_task is not None else None)
             await self._shutdown()
             if stop_hooks is not None:
                 await stop_hooks
         return 0
-
-    async def _stop_hooks(self, task: asyncio.Task) -> None:
-        """Let the hooks deliver what is queued (≤ HOOKS_DRAIN_S), then stop them (what is left
-        stays in the outbox)."""
-        if not task.done():
-            await self.notifier.drain(HOOKS_DRAIN_S)
-        task.cancel()
-        await asyncio.wait({task}, timeout=HOOKS_CANCEL_S)  # wait_for could wait on past its timeout
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            log.error("hooks: stopped with an error: %s", task.exception())
 
     async def _shutdown(self) -> None:
         """Flush what is queued to the store (bounded time), then release hardware and files."""

@@ -134,9 +134,10 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     log.info("fleet: watching %s on %s; rules: %s; alert state in %s",
              f"cluster{'s' if len(clusters) > 1 else ''} {', '.join(clusters)}" if clusters else "every cluster",
              settings.url, ", ".join(sorted(rules.book)) or "none", db)
+    # Outside the TaskGroup, as the daemon's: on stop the hooks get a moment to deliver what is queued.
+    hooks = asyncio.create_task(dispatcher.run(), name="nvmon.fleet.hooks")
     try:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(dispatcher.run(), name="nvmon.fleet.hooks")
             tg.create_task(alerts.persist_loop(), name="nvmon.fleet.persist")
             tg.create_task(log_drops(state, cfg.fleet.log_drops_every_s), name="nvmon.fleet.drops")
             # Shared acks and silences come on the same connection, off its sample path (FleetSubscriber).
@@ -145,11 +146,13 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     except asyncio.CancelledError:
         pass
     finally:
+        stop_hooks = asyncio.create_task(dispatcher.stop(hooks))  # ≤ 1.5 s, alongside the flush
         try:
             await asyncio.wait_for(asyncio.to_thread(alerts.flush), 1.5)
         except (StoreError, TimeoutError) as e:
             log.error("fleet: alert state not saved at exit: %s", e)
         store.close()
+        await stop_hooks
     log.info("fleet: stopped")
     return 0
 
