@@ -121,6 +121,11 @@ FLEET_CODES: dict[str, Code] = {
                                  "fabric manager, a driver or firmware rollout) before working node by node"),
     "fleet.feed_stalled": Code(_W, "No message from any node while the broker connection is up: check the "
                                    "broker (stopped, swapping, disk full, its log), then the network to the nodes"),
+    # A whole cluster out of sight: its summary (nvmon/v1/<cluster>/@summary) stopped coming.
+    "cluster.unreachable": Code(_C, "No summary from the cluster: check its bridge ($SYS/broker/connection/+/state "
+                                    "on both brokers, the bridge's log lines in the cluster broker's log), the "
+                                    "cluster's broker, and its nvmon fleet (systemctl status nvmon-fleet there); "
+                                    "its own nvmon fleet still pages node faults through its hooks"),
 }
 
 # Daemon codes: what the node's daemon finds about itself (nvmon.store's guard), alerted by its rules.

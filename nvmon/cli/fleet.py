@@ -38,9 +38,13 @@ def check_clusters(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
               help=f"SQLite file for fleet alert state (default: [fleet] db, {DEFAULT_FLEET_DB}; outside "
                    "systemd, when /var/lib/nvmon is missing: $XDG_STATE_HOME/nvmon/fleet.db).")
+@click.option("--watch", type=click.Choice(["nodes", "summaries"]), default=None,
+              help="nodes (default: [fleet] watch): judge the clusters' nodes and publish each cluster's summary "
+                   "(nvmon/v1/<cluster>/@summary); summaries: a central instance that reads only the clusters' "
+                   "summaries and raises one cluster.unreachable for a cluster whose summary stops coming.")
 @log_options
 def fleet_command(broker: BrokerFlags, clusters: tuple[str, ...], config_path: Path | None, db_path: Path | None,
-                  log_level: str, log_format: str) -> None:
+                  watch: str | None, log_level: str, log_format: str) -> None:
     """Evaluate fleet rules and run the on-call hooks: node offline (MQTT will) or stale, rack
     power over budget, many nodes with the same fault (docs/alerts.md, "Fleet rules").
 
@@ -51,11 +55,15 @@ def fleet_command(broker: BrokerFlags, clusters: tuple[str, ...], config_path: P
 
     One instance may watch several clusters (--cluster a,b); their alerts carry their own cluster.
     Two instances of the same clusters (HA) raise the same alerts with the same identities, so
-    Alertmanager and PagerDuty see one (docs/fleet.md, "Scaling out").
+    Alertmanager and PagerDuty see one (docs/fleet.md, "Scaling out"). Clusters of clusters: each
+    cluster's instance publishes its summary; a central one with --watch summaries pages once per
+    cluster out of reach.
     """
     from nvmon.fleet.service import run_fleet
 
     cfg = load_fleet_config(config_path)
+    if watch is not None:
+        cfg = cfg.model_copy(update={"fleet": cfg.fleet.model_copy(update={"watch": watch})})
     settings = broker.settings(cfg.mqtt, keepalive=True)
     check_broker_files(settings)
     db = resolve_db(db_path or cfg.fleet.db, DEFAULT_FLEET_DB, create=True)

@@ -69,6 +69,7 @@ DEFAULTS: dict[str, tuple[float, float]] = {  # code → (for_s, clear_s); runbo
     "rack.power": (60.0, 60.0),
     "fleet.same_fault": (30.0, 60.0),
     "fleet.feed_stalled": (10.0, 10.0),
+    "cluster.unreachable": (0.0, 10.0),  # judged by nvmon.fleet.clusters: stale after k summary intervals
 }
 FEED_QUIET_INTERVALS = 2.0  # no message from anyone for this many intervals of the fastest live node
 MIN_FEED_QUIET_S = 1.0
@@ -116,6 +117,11 @@ class FleetSettings(_Strict):
     max_clusters: int = Field(1000, ge=1, le=100_000)
     max_nodes_without_inventory: int = Field(1000, ge=1, le=1_000_000)
     forget_without_inventory_s: float = Field(60.0, ge=1, le=WEEK_S)
+    # Cluster summaries (nvmon.fleet.clusters; docs/fleet.md, "Scaling out"): watching nodes, publish each
+    # cluster's every summary_every_s (0: none); watching summaries (a central instance), judge cluster.unreachable.
+    watch: Literal["nodes", "summaries"] = "nodes"
+    summary_every_s: float = Field(10.0, ge=0, le=3600)
+    summary_stale_intervals: float = Field(3.0, ge=2, le=1000)
     racks: dict[str, RackSettings] = Field(default_factory=dict)
     rules: dict[str, FleetRuleOverride] = Field(default_factory=dict)
 
@@ -216,6 +222,8 @@ def place_of(cluster: str, node: str | None, rack: str | None, code: str, labels
         return Place("fault", cluster, str(labels.get("fault", "")))
     if code == "fleet.feed_stalled":
         return Place("feed", cluster, "")
+    if code == "cluster.unreachable":
+        return Place("cluster", cluster, "")
     if node is not None:
         return Place("node", cluster, node)
     return Place("rack", cluster, rack or "")
