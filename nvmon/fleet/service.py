@@ -99,9 +99,8 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     from nvmon.alerts.hook_dispatch import HookDispatcher
     from nvmon.alerts.hook_outbox import Outbox, outbox_path
     from nvmon.fleet.alerting import FleetAlerts
-    from nvmon.fleet.rules import FleetRules
+    from nvmon.fleet.clusters import fleet_feed, fleet_rules
     from nvmon.fleet.state import FleetState
-    from nvmon.fleet.subscriber import subscribed
     from nvmon.store import Store, StoreError
 
     task = asyncio.current_task()
@@ -121,7 +120,7 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     dispatcher = HookDispatcher(cfg.hooks, outbox=outbox)
     for problem in dispatcher.check():
         log.warning("hooks: %s", problem)
-    rules = FleetRules(cfg.fleet)
+    rules = fleet_rules(cfg.fleet, clusters)  # over nodes, or over cluster summaries (nvmon.fleet.clusters)
     alerts = FleetAlerts(rules, store=store, notifier=dispatcher, clock=clock,
                          max_silence_s=cfg.alerts.max_silence_h * 3600)
     n = alerts.restore(records, clock())
@@ -141,7 +140,8 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
             tg.create_task(alerts.persist_loop(), name="nvmon.fleet.persist")
             tg.create_task(log_drops(state, cfg.fleet.log_drops_every_s), name="nvmon.fleet.drops")
             # Shared acks and silences come on the same connection, off its sample path (FleetSubscriber).
-            async with subscribed(settings, state, clusters=clusters, controls=alerts.shared.apply) as sub:
+            # Its nodes (and their clusters' summaries published), or the summaries of clusters (--watch summaries).
+            async with fleet_feed(cfg.fleet, settings, state, alerts, clusters=clusters, clock=clock) as sub:
                 await _evaluate_loop(alerts, state, sub, clock)
     except asyncio.CancelledError:
         pass
