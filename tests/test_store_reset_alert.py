@@ -170,23 +170,32 @@ def test_a_daemon_started_on_a_corrupt_file_alerts_counts_and_keeps_every_tick(t
     assert len(list(tmp_path.glob("n1.db.corrupt-*[0-9]Z"))) == 1 and integrity(d.db) == "ok"
 
 
-def test_a_running_daemon_whose_database_is_deleted_alerts_and_loses_no_tick(tmp_path, receiver):
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_running_daemons_database_deleted_or_replaced_alerts_and_loses_no_tick(tmp_path, receiver, how):
     port = free_port()
     d = run_daemon(tmp_path, receiver, port)
+    backup = tmp_path / "backup.db"
+    fill(backup, 60)  # a restored backup: an hour-old minute of ticks
     try:
         wait_for(lambda: len(ticks(d.db)) >= 4 if d.db.exists() else False, 20, "ticks")
         assert metric(port, "nvmon_alerts_active", code="store.reset", state="firing") == 0
-        os.unlink(d.db)  # rm /var/lib/nvmon/nvmon.db
+        if how == "deleted":
+            os.unlink(d.db)  # rm /var/lib/nvmon/nvmon.db
+        else:
+            os.replace(backup, d.db)  # mv backup.db /var/lib/nvmon/nvmon.db
         t0 = time.time()
         wait_for(lambda: resets(receiver), 20, "store.reset at the hook")
         (alert,) = resets(receiver)
-        assert alert["summary"] == f"database {d.db} was deleted while in use (its history is gone); a new one " \
-                                   f"was started there"
-        assert metric(port, "nvmon_daemon_store_resets_total", reason="deleted") == 1
-        wait_for(lambda: len(ticks(d.db)) >= 8, 20, "ticks in the new file")
+        assert alert["summary"] == (f"database {d.db} was deleted while in use (its history is gone); a new one "
+                                    f"was started there" if how == "deleted" else
+                                    f"database {d.db} was replaced by another file while in use; writing to that file")
+        assert metric(port, "nvmon_daemon_store_resets_total", reason=how) == 1
+        wait_for(lambda: len([t for t in ticks(d.db) if t / 1000 >= t0]) >= 8, 20, "ticks in the new file")
     finally:
         d.proc.terminate()
         d.proc.wait(15)
-    new = ticks(d.db)
-    assert new[0] / 1000 - t0 < 0.5  # the first tick after the rm (5 a second) is in the new file…
+    new = [t for t in ticks(d.db) if t / 1000 >= t0 - 1]
+    assert new[0] / 1000 - t0 < 0.5  # the first tick after the rm or mv (5 a second) is in the new file…
     assert max(b - a for a, b in zip(new, new[1:])) < 300  # …and every one after it (0.2 s apart)
+    if how == "replaced":
+        assert len(ticks(d.db)) == 60 + len(new)  # the backup's history kept, the daemon's added to it
