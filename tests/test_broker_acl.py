@@ -106,6 +106,17 @@ async def test_views_and_the_fleet_read_everything_and_write_nothing(site):
         assert [(m.topic, m.payload) for m in rec.messages] == [(topic(C, "gpu-001", "status"), b'{"own": 1}')]
 
 
+async def test_only_the_fleet_writes_cluster_summaries(site):
+    from nvmon.wire.summary import summary_topic
+
+    async with site.recorder("@view", summary_topic(C)) as view:
+        for user in ("gpu-001", "@ops", "@view", "@fleet"):
+            await publish_all(site.settings(user), [(summary_topic(C), json.dumps({"by": user}).encode())])
+        await wait_until(lambda: view.messages, 5, "the fleet's summary")
+        await asyncio.sleep(0.2)
+    assert [json.loads(m.payload)["by"] for m in view.messages] == ["@fleet"]
+
+
 async def test_nobody_gets_in_without_a_login(site):
     from aiomqtt.exceptions import MqttConnectError
 
