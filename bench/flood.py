@@ -12,7 +12,7 @@ the fleet's log lines about the flood (drops, forgotten nodes) and a table. Prin
 asserts; docs/BENCHMARKS.md quotes it, tests/test_fleet_flood.py runs a short version.
 
     .venv/bin/python bench/flood.py [--fakes 5000] [--seconds 60] [--real 3] [--after 60] [--tui]
-                                    [--forget-after 60]
+                                    [--forget-after 30]
     .venv/bin/python bench/flood.py publish PORT CLUSTER FAKES SECONDS   # only the flood (the test uses it)
 """
 
@@ -103,11 +103,11 @@ def _spawn(log: Path, *args: str) -> subprocess.Popen:
 
 
 def _window(procs: dict[str, psutil.Process], seconds: float) -> dict[str, float]:
-    """% of one core each process used over the next `seconds`."""
+    """% of one core each process used over the next `seconds`, and the 1-minute load at its end."""
     t0, c0 = time.monotonic(), {k: cpu_s(p) for k, p in procs.items()}
     time.sleep(seconds)
     dt = time.monotonic() - t0
-    return {k: round(100 * (cpu_s(p) - c0[k]) / dt, 1) for k, p in procs.items()}
+    return {**{k: round(100 * (cpu_s(p) - c0[k]) / dt, 1) for k, p in procs.items()}, "load": os.getloadavg()[0]}
 
 
 def _tui_pid(session: str) -> int | None:
@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=15)
     ap.add_argument("--before", type=float, default=20, help="pre-flood CPU window, s")
     ap.add_argument("--after", type=float, default=60, help="watch this long after the flood, in 10 s windows")
-    ap.add_argument("--forget-after", type=float, default=60, help="[fleet] forget_without_inventory_s")
+    ap.add_argument("--forget-after", type=float, default=30, help="[fleet] forget_without_inventory_s")
     ap.add_argument("--tui", action="store_true", help="also run nvmon tui in a detached tmux session")
     a = ap.parse_args()
     cluster = "flood"
@@ -194,10 +194,10 @@ def main() -> None:
             if any(w in line for w in ("dropped in the last", "forgot", "duplicate_node", "stalled", "firing")):
                 print("fleet log:", line[:220])
         names = list(procs)
-        print("\n| window | " + " | ".join(f"{n} % core" for n in names) + " |")
-        print("|---" * (len(names) + 1) + "|")
+        print("\n| window | " + " | ".join(f"{n} % core" for n in names) + " | load 1 min |")
+        print("|---" * (len(names) + 2) + "|")
         for label, w in rows:
-            print(f"| {label} | " + " | ".join(f"{w.get(n, float('nan')):.1f}" for n in names) + " |")
+            print(f"| {label} | " + " | ".join(f"{w.get(n, float('nan')):.1f}" for n in names + ["load"]) + " |")
 
 
 if __name__ == "__main__":

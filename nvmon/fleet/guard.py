@@ -16,8 +16,9 @@
   broker session from each other about once a second (each take-over publishes the other's will).
   `Claims` notices either: more samples than one daemon's interval allows (≥ 1.8 × for two
   windows running), inventories alternating between two hosts, or online / offline flips of the
-  status (≥ 6 in a minute). It is reported once per node: one WARNING line
-  `fleet.duplicate_node: <cluster>/<node> ...` with the evidence, and `NodeView.duplicate`.
+  status (≥ 6 in 15 s: faster than a crash loop that systemd restarts every 5 s). It is reported
+  once per node: one WARNING line `fleet.duplicate_node: <cluster>/<node> ...` with the evidence,
+  and `NodeView.duplicate`.
   The daemon's client id is unique per host and database (nvmon.wire.mqtt.node_client_id), so
   the sessions stop taking each other over; the detection is for what remains visible.
 
@@ -39,7 +40,7 @@ DUP_RATE = 1.8  # samples per window over this many times what the interval allo
 DUP_WINDOW_INTERVALS = 10  # a rate window is this many of the node's intervals (at least DUP_WINDOW_MIN_S)
 DUP_WINDOW_MIN_S = 5.0
 DUP_FLIPS = 6  # status online/offline changes within DUP_FLIP_WINDOW_S: two sessions taking turns
-DUP_FLIP_WINDOW_S = 60.0
+DUP_FLIP_WINDOW_S = 15.0  # a crash loop under systemd (RestartSec=5) flips slower than this
 DUP_HOST_SWAPS = 3  # inventories that alternate back to a host already seen
 
 

@@ -116,7 +116,7 @@ class FleetSettings(_Strict):
     max_nodes: int = Field(20_000, ge=1, le=1_000_000)
     max_clusters: int = Field(1000, ge=1, le=100_000)
     max_nodes_without_inventory: int = Field(1000, ge=1, le=1_000_000)
-    forget_without_inventory_s: float = Field(60.0, ge=1, le=WEEK_S)
+    forget_without_inventory_s: float = Field(30.0, ge=1, le=WEEK_S)
     # Cluster summaries (nvmon.fleet.clusters; docs/fleet.md, "Scaling out"): watching nodes, publish each
     # cluster's every summary_every_s (0: none); watching summaries (a central instance), judge cluster.unreachable.
     watch: Literal["nodes", "summaries"] = "nodes"

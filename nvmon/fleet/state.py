@@ -82,7 +82,7 @@ class FleetState:
 
     def __init__(self, *, max_nodes: int = 20_000, stale_factor: float = 3.0, default_interval_s: float = 1.0,
                  history_points: int = 300, max_clusters: int = 1000, max_without_inventory: int = 1000,
-                 forget_without_inventory_s: float = 60.0):
+                 forget_without_inventory_s: float = 30.0):
         if min(max_nodes, max_clusters, max_without_inventory) < 1 or stale_factor <= 0 or default_interval_s <= 0:
             raise ValueError("the caps, stale_factor and default_interval_s must be positive")
         self.max_nodes, self.stale_factor = max_nodes, stale_factor
