@@ -7,8 +7,24 @@ from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (DEFAULT_BROKER, BrokerFlags, broker_options, check_broker_files, check_cluster,
+from nvmon.cli.common import (DEFAULT_BROKER, NAME_HINT, BrokerFlags, broker_options, check_broker_files,
                               load_fleet_config)
+
+
+def check_clusters(ctx, param, value: str | None) -> tuple[str, ...] | None:
+    """`a` → ('a',); `a,b` → ('a', 'b'); `+` → () (every cluster, from their summaries); None when not given."""
+    if value is None:
+        return None
+    if value.strip() == "+":
+        return ()
+    from nvmon.wire.contract import valid_name
+
+    names = [n.strip() for n in value.split(",")]
+    for n in names:
+        if not valid_name(n):
+            raise click.BadParameter(f"{n!r}: {NAME_HINT}, or + for every cluster" if n
+                                     else f"an empty name in {value!r}")
+    return tuple(dict.fromkeys(names))
 
 
 @click.command("tui")
@@ -16,18 +32,22 @@ from nvmon.cli.common import (DEFAULT_BROKER, BrokerFlags, broker_options, check
 @click.option("--config", "config_path", default=None, metavar="PATH", type=click.Path(dir_okay=False, path_type=Path),
               help="A daemon or fleet TOML config: its [mqtt] broker, user, password and TLS files, and "
                    "[alerts] max_silence_h (the longest shared silence shown as applied, and x's cap).")
-@click.option("--cluster", callback=check_cluster, help="Show one cluster (default: every cluster on the broker).")
+@click.option("--cluster", "clusters", callback=check_clusters, metavar="NAME[,NAME...]|+",
+              help="Show one cluster's nodes; or, for several (a,b) or every one (+), open on a cluster overview "
+                   "built from their summaries (nvmon fleet publishes them), subscribing to a cluster's nodes only "
+                   "when you open it (Enter; Escape goes back). Default: every node of every cluster.")
 @click.option("--rack-budget-kw", type=click.FloatRange(min=0, min_open=True), metavar="KW",
               help="Power budget per rack, shown against each rack's GPU draw when grouped by rack (g).")
 @click.option("--log-file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write nvmon's log here (the terminal belongs to the TUI).")
-def tui_command(broker: BrokerFlags, config_path: Path | None, cluster: str | None, rack_budget_kw: float | None,
-                log_file: str | None) -> None:
+def tui_command(broker: BrokerFlags, config_path: Path | None, clusters: tuple[str, ...] | None,
+                rack_budget_kw: float | None, log_file: str | None) -> None:
     """Live view of the fleet: one row per node, drill-down per node, alerts.
 
     \b
     Keys: Enter node · / filter · s sort · g racks · p problems · a alerts · ? help · q quit
     Try it without hardware:  nvmon sim-fleet --nodes 50 --racks 4 &  nvmon tui
+    Many clusters: nvmon tui --cluster '+' (an overview from their summaries; docs/fleet.md)
     """
     cfg = load_fleet_config(config_path) if config_path is not None else None
     m = cfg.mqtt if cfg is not None else None
@@ -47,7 +67,12 @@ def tui_command(broker: BrokerFlags, config_path: Path | None, cluster: str | No
         from nvmon.tui.app import NvmonApp
 
         caps = {"max_silence_s": cfg.alerts.max_silence_h * 3600} if cfg is not None else {}
-        NvmonApp(settings, cluster=cluster, rack_budget_kw=rack_budget_kw, **caps).run()
+        if clusters is not None and len(clusters) != 1:  # several, or every one (+): the overview
+            from nvmon.tui.clusters_app import ClustersApp
+
+            ClustersApp(settings, clusters=clusters, rack_budget_kw=rack_budget_kw, **caps).run()
+        else:
+            NvmonApp(settings, cluster=clusters[0] if clusters else None, rack_budget_kw=rack_budget_kw, **caps).run()
     finally:  # as it was: the process may go on (tests run the command in-process)
         for lg, propagate, level in saved:
             lg.removeHandler(handler)
