@@ -30,6 +30,7 @@ BROKER_COMMANDS = {
     "nodes": [],
     "forget": ["gpu-01", "--cluster", "c"],
     "sim-fleet": [],
+    "alerts": [],  # the listing: --broker reads every node's alerts instead of a database
     "alerts ack": ["abcd"],
     "alerts silence": ["--match", "node=gpu-01", "--for", "1h"],
     "alerts silences": [],

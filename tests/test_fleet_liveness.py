@@ -108,8 +108,9 @@ async def test_nodes_lists_liveness_and_forget_clears_a_dead_node(tmp_path):
             table = nvmon("nodes", "--broker", broker.url, "--cluster", C, "--settle", "1")
             assert table.returncode == 0, table.stderr
             lines = table.stdout.splitlines()
-            assert lines[0].split() == ["NODE", "RACK", "LIVENESS", "AGE", "VERSION", "ALERTS"] and len(lines) == 4
-            assert any(ln.split()[:4] == ["dead", "-", "offline", "(lost)"] and "≤6m" in ln for ln in lines)
+            assert lines[0].split() == ["NODE", "RACK", "BOARD", "DRIVER", "LIVENESS", "AGE", "VERSION", "ALERTS"]
+            assert len(lines) == 4
+            assert any(ln.split()[:6] == ["dead", "-", "-", "-", "offline", "(lost)"] and "≤6m" in ln for ln in lines)
 
             # A live node is refused; without a terminal, --yes is needed; then the dead one goes.
             r = nvmon("forget", "live", "--broker", broker.url, "--cluster", C, "--yes", "--settle", "1")

@@ -1,6 +1,7 @@
 """`nvmon alerts`: the node's active and recent alerts from its SQLite file; ack and silence them.
 
     nvmon alerts [--db PATH] [--json] [--all]
+    nvmon alerts --broker URL [--cluster C]   (every node's active alerts and the fleet rules': alerts_broker)
     nvmon alerts ack FINGERPRINT            (a unique prefix will do)
     nvmon alerts silence --match node=gpu-07 --match code='nvlink.*' --for 2h [--comment TEXT]
     nvmon alerts silences                   (active silences)   ·   nvmon alerts unsilence ID
@@ -11,7 +12,7 @@ handed to the hooks. With `--broker URL` (or `[mqtt] broker` in `--config`) they
 published in the cluster's retained `nvmon/v1/<cluster>/@controls` set, which every daemon and
 `nvmon fleet` of the cluster honours (nvmon.alerts.shared; docs/alerts.md). Without a local
 database (an ops workstation) only the shared set is written; an ack then finds the alert in the
-nodes' retained alert sets.
+nodes' retained alert sets. Broker flags typed before a subcommand reach it (`_Share.of`).
 """
 
 from __future__ import annotations
@@ -26,60 +27,15 @@ from pathlib import Path
 
 import click
 
-from nvmon.alerts.model import MATCH_FIELDS, Silence, iso
+from nvmon.alerts.model import Silence, iso
+from nvmon.cli.alerts_match import parse_duration, parse_matchers
 from nvmon.cli.alerts_view import SEVERITY_CHOICES, ordered, render_alerts, select, where
-from nvmon.cli.common import (DEFAULT_DB, DURATION, NAME_HINT, NAME_RE, UNIT_CASE_HINT, UNIT_S, NvmonError,
-                              NvmonUsageError, BrokerFlags, broker_options, check_broker_files, load_fleet_config,
-                              on_terminal, resolve_db, stdout_console, unit_case_wrong)
+from nvmon.cli.common import (DEFAULT_DB, NAME_HINT, NAME_RE, NvmonError, NvmonUsageError, BrokerFlags,
+                              broker_options, check_broker, check_broker_files, load_fleet_config, on_terminal,
+                              resolve_db, stdout_console)
 from nvmon.store.errors import StoreError, describe
 
 RECENT_S = 86400.0  # resolved alerts shown without --all
-
-
-def parse_duration(text: str) -> float:
-    """'90s', '30m', '2h', '1d', '1w' → seconds; ValueError otherwise."""
-    m = DURATION.match(text)
-    if unit_case_wrong(text):
-        raise ValueError(f"{text.strip()!r}: {UNIT_CASE_HINT}")
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError("use a duration such as 30m, 2h or 1d")
-    return float(m.group(1)) * UNIT_S[m.group(2)]
-
-
-def parse_matchers(items: tuple[str, ...], labels: set[str] | None = None) -> dict[str, str]:
-    """('node=gpu-07', 'code=nvlink.*') → {'node': 'gpu-07', 'code': 'nvlink.*'}; ValueError otherwise.
-
-    A key is an alert field (MATCH_FIELDS) or a label name; `label.NAME` is always a label. With
-    `labels` (the label names known here), a bare key that is neither is refused: `nod=gpu-01`
-    would otherwise be a silence that matches nothing."""
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        explicit = key.startswith("label.") and key not in MATCH_FIELDS
-        if explicit:
-            key = key.removeprefix("label.")
-        if not sep or not value:
-            raise ValueError(f"{item!r}: expected KEY=VALUE, e.g. node=gpu-07")
-        if key not in MATCH_FIELDS and not NAME_RE.match(key):
-            raise ValueError(f"{key!r}: match on {', '.join(MATCH_FIELDS)} or a label name")
-        if labels is not None and not explicit and key not in MATCH_FIELDS and key not in labels:
-            raise ValueError(_unknown_key(key, labels))
-        if len(value) > 256 or not value.isprintable():
-            raise ValueError(f"{key}: value must be printable, up to 256 characters")
-        out[key] = value
-    if not out:
-        raise ValueError("give at least one --match KEY=VALUE")
-    return out
-
-
-def _unknown_key(key: str, labels: set[str]) -> str:
-    import difflib
-
-    near = difflib.get_close_matches(key, [*MATCH_FIELDS, *labels], n=1)
-    seen = f"labels seen here: {', '.join(sorted(labels))}" if labels else "no labels seen here"
-    return (f"--match {key}=…: unknown key{f' (did you mean {near[0]}?)' if near else ''}; use a field "
-            f"({', '.join(MATCH_FIELDS)}), a label ({seen}), or label.{key}=… for a label not seen yet")
 
 
 def _known_labels(path: str, config_path: Path | None) -> set[str]:
@@ -158,6 +114,35 @@ def _share_options(f=None, *, listing: bool = False):
                                "--config's [mqtt] broker, else none).")
 
 
+_TYPED = click.core.ParameterSource.COMMANDLINE
+_GROUP_FLAGS = "nvmon.alerts.group_flags"  # ctx.meta: broker flags typed before a subcommand
+
+
+def _check_group_broker(ctx: click.Context, param, value: str | None) -> str | None:
+    """The group's --broker: checked as typed; from $NVMON_BROKER only by the listing itself, so that
+    a subcommand's own check of it names the subcommand (`nvmon alerts ack: $NVMON_BROKER: ...`)."""
+    if ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT:
+        return value
+    return check_broker(ctx, param, value)
+
+
+def _group_broker_options(f):
+    from nvmon.cli.fleetread import SETTLE_S
+
+    f = click.option("--settle", "settle_s", type=click.FloatRange(0.2, 60), default=SETTLE_S, show_default=True,
+                     metavar="SECONDS", help="With a broker: how long to read before listing (longer while the "
+                     "slowest node's two sample intervals have not passed).")(f)
+    f = click.option("--cluster", default=None, metavar="NAME",
+                     help="With a broker: one cluster (default: --config's, else every cluster).")(f)
+    f = click.option("--config", "config_path", default=None, metavar="PATH",
+                     type=click.Path(dir_okay=False, path_type=Path),
+                     help="A daemon or fleet TOML config: its [mqtt] broker and credentials, its cluster, and "
+                          "its [fleet] rules (stale_after_intervals, rack budgets).")(f)
+    return broker_options(f, broker_help="List what every node and the fleet rules say is active there, instead "
+                                         "of a database (default: --config's [mqtt] broker, else none).",
+                          check=_check_group_broker)
+
+
 class _Share:
     """Where to share: broker settings (None: do not share) and the config's cluster."""
 
@@ -175,6 +160,15 @@ class _Share:
         self.settings = broker.settings(m, url=url) if url else None  # the table's keepalive_s is for daemons
         if self.settings is not None:
             check_broker_files(self.settings)
+
+    @classmethod
+    def of(cls, ctx: click.Context, broker: BrokerFlags, config_path: Path | None, cluster: str | None) -> _Share:
+        """As given to the subcommand, else to the group (`nvmon alerts --broker URL ack FP`): a
+        flag typed after the subcommand wins, then one typed before it, then $NVMON_BROKER."""
+        typed, group_config, group_cluster = ctx.meta.get(_GROUP_FLAGS, ({}, None, None))
+        mine = {f: v for f, v in broker.given.items() if ctx.get_parameter_source(f"_b_{f}") is _TYPED}
+        return cls(BrokerFlags(**{**broker.given, **typed, **mine}), config_path or group_config,
+                   cluster or group_cluster)
 
     def local(self, db_path: str) -> bool:
         """Write the local database? Always without a broker (a missing one is an error then)."""
@@ -206,10 +200,14 @@ class _Share:
               "(a rack alert: its rack's name).")
 @click.option("--code", "code_glob", metavar="GLOB", help="Only these codes, e.g. 'nvlink.*' or node.offline.")
 @click.option("--severity", type=click.Choice(SEVERITY_CHOICES), help="Only this severity or worse.")
+@_group_broker_options
 @click.pass_context
 def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_all: bool, node_glob: str | None,
-                   code_glob: str | None, severity: str | None) -> None:
+                   code_glob: str | None, severity: str | None, broker: BrokerFlags, config_path: Path | None,
+                   cluster: str | None, settle_s: float) -> None:
     """This node's alerts, or the fleet's with --db fleet.db: active, and resolved in the last 24 h.
+    With --broker (or $NVMON_BROKER, or --config's [mqtt] broker): every node's active alerts and
+    the fleet rules' (node.offline, node.stale, rack.power, ...), read once from the broker.
 
     \b
     Order: active first, by severity (critical, warning, info), firing before pending, newest
@@ -217,9 +215,26 @@ def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_
     severity (✗ critical, ⚠ warning, ℹ info, as the TUI); WHERE names the node (and GPU, link,
     port) or the rack; SINCE is how long ago it fired (resolved: ended). An age in a node.offline
     or node.stale summary is brought up to now. On a terminal long lines are cut to 80 columns;
-    piped, nothing is cut. docs/alerts.md.
+    piped, nothing is cut. docs/alerts.md; with --broker, docs/fleet.md.
     """
-    if ctx.invoked_subcommand is not None:
+    typed = {f: v for f, v in broker.given.items() if ctx.get_parameter_source(f"_b_{f}") is _TYPED}
+    if ctx.invoked_subcommand is not None:  # its own flags win (_Share.of)
+        ctx.meta[_GROUP_FLAGS] = (typed, config_path, cluster)
+        return
+    url_param = next(p for p in ctx.command.params if p.name == "_b_url")
+    check_broker(ctx, url_param, broker.broker)  # from $NVMON_BROKER: not checked while parsing (_check_group_broker)
+    db_typed = ctx.get_parameter_source("db_path") is _TYPED
+    if db_typed and "url" in typed:
+        raise NvmonUsageError("--db lists a database, --broker the fleet on a broker: give one")
+    share = _Share(broker, config_path, cluster) if not db_typed else None
+    if share is not None and share.settings is not None:
+        if show_all:
+            raise NvmonUsageError("--all: the broker holds only active alerts (the resolved ones are in the "
+                                  "databases: --db)")
+        from nvmon.cli.alerts_broker import list_from_broker
+
+        list_from_broker(share.settings, cluster=share.cluster, settle_s=settle_s, config_path=config_path,
+                         node=node_glob, code=code_glob, severity=severity, as_json=as_json)
         return
     from nvmon.store import alerts as db
 
@@ -244,7 +259,7 @@ def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_
         click.echo(json.dumps(out, indent=2))
         return
     stdout_console().print(render_alerts(records, silenced, now, saved=saved, full=not on_terminal()),
-                           soft_wrap=False)
+                           soft_wrap=True)  # lines are cut to fit a terminal already; piped, whole
 
 
 def _check_by(by: str | None) -> str:
@@ -269,7 +284,7 @@ def ack_command(ctx: click.Context, fingerprint: str, db_path: str | None, by: s
         raise NvmonUsageError(f"fingerprint {fingerprint[:80]!r}: give its hex digits (at least 4), see `nvmon alerts`")
     fingerprint = fingerprint.lower()
     now, who = time.time(), _check_by(by)
-    share = _Share(broker, config_path, cluster)
+    share = _Share.of(ctx, broker, config_path, cluster)
 
     def do(conn):
         found = db.find_active(conn, fingerprint)
@@ -345,7 +360,7 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
     if comment is not None and (len(comment) > 512 or not comment.isprintable()):
         raise NvmonUsageError("--comment: printable text, up to 512 characters")
     now, who = time.time(), _check_by(by)
-    share = _Share(broker, config_path, cluster)
+    share = _Share.of(ctx, broker, config_path, cluster)
     from nvmon.wire.contract import valid_name
 
     c = share.cluster or (matchers["cluster"] if valid_name(matchers.get("cluster")) else None)  # not a glob
@@ -396,7 +411,7 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: BrokerFlag
     from nvmon.store import alerts as db
 
     now = time.time()
-    share = _Share(broker, config_path, cluster)
+    share = _Share.of(ctx, broker, config_path, cluster)
     path = _db(ctx, db_path)
     if share.settings is None:  # the shared ones as this database's evaluator applies them (capped, vetted)
         from nvmon.alerts.persist import applied_shared_silences
@@ -445,7 +460,7 @@ def unsilence_command(ctx: click.Context, silence_id: str, db_path: str | None, 
     from nvmon.store import alerts as db
 
     now = time.time()
-    share = _Share(broker, config_path, cluster)
+    share = _Share.of(ctx, broker, config_path, cluster)
     if share.settings is None:
         if not silence_id.isdigit() or int(silence_id) < 1:
             raise NvmonUsageError(f"silence {silence_id[:40]!r}: give its number (see `nvmon alerts silences`)")

@@ -101,17 +101,19 @@ def _state(r: AlertRecord) -> tuple[str, str]:
 
 
 def render_alerts(records: list[AlertRecord], silenced: set[str], now: float, *, saved: dict | None = None,
-                  full: bool = False):
+                  full: bool = False, counts: bool = True, with_cluster: bool = False):
     """Two lines per alert: the facts, then its summary; ordered by `ordered`. On a terminal
     (`full` False) WHERE and the summary are cut to fit 80 columns ("…"); piped, nothing is cut.
-    `saved`: (fingerprint, starts_at) → when the row was saved (for `current_summary`)."""
+    `saved`: (fingerprint, starts_at) → when the row was saved (for `current_summary`).
+    `counts` False: COUNT is '-' (alerts read off the wire carry none); `with_cluster`: WHERE
+    starts with the cluster ('prod/gpu-07 GPU 3', 'prod rack r1')."""
     from rich.console import Group
     from rich.text import Text
 
     if not records:
         return Text("No alerts.")
     records = ordered(records)
-    places = [plain(where(r)) for r in records]
+    places = [plain(f"{r.cluster}{'/' if r.node else ' '}{where(r)}" if with_cluster else where(r)) for r in records]
     width = max(5, *(len(p) for p in places))
     width = width if full else min(width, 17)  # 63 columns besides: 80 in all
     lines = [Text(f"{'STATE':<10} {'SEV':<4} {'CODE':<16} {'WHERE':<{width}} {'SINCE':>6} {'COUNT':>5} FINGERPRINT",
@@ -122,7 +124,7 @@ def render_alerts(records: list[AlertRecord], silenced: set[str], now: float, *,
         place = place if len(place) <= width else place[:width - 1] + "…"
         line = Text(f"{label:<10}", style=style)
         line.append(f" {_SEV.get(r.severity, '?'):<4} {plain(r.code)[:16]:<16} {place:<{width}} "
-                    f"{_age(now - since):>6} {min(r.count, 99999):>5} {plain(r.fingerprint)[:16]}")
+                    f"{_age(now - since):>6} {min(r.count, 99999) if counts else '-':>5} {plain(r.fingerprint)[:16]}")
         flags = [f for f, on in (("acked", r.acked_at is not None), ("silenced", r.fingerprint in silenced)) if on]
         summary = current_summary(r, (saved or {}).get((r.fingerprint, r.starts_at)), now)
         text = ("[" + ", ".join(flags) + "] " if flags else "") + plain(summary)

@@ -303,13 +303,14 @@ class BrokerFlags:
             raise (NvmonUsageError if self.flagged() else NvmonError)(str(e)) from None
 
 
-def broker_options(f=None, *, broker_help: str | None = None):
+def broker_options(f=None, *, broker_help: str | None = None, check=None):
     """Add the broker flags (BROKER_FLAGS) to a command; they reach it as one `broker: BrokerFlags`.
-    `broker_help`: the command's own words on --broker (its default); $NVMON_BROKER is always said."""
+    `broker_help`: the command's own words on --broker (its default); $NVMON_BROKER is always said.
+    `check`: --broker's callback instead of check_broker (a group whose subcommands check it)."""
     import functools
 
     if f is None:
-        return lambda g: broker_options(g, broker_help=broker_help)
+        return lambda g: broker_options(g, broker_help=broker_help, check=check)
     names = [field for _, field, _ in BROKER_FLAGS]
 
     @functools.wraps(f)
@@ -320,7 +321,7 @@ def broker_options(f=None, *, broker_help: str | None = None):
     for flag, field, text in reversed(BROKER_FLAGS):
         if flag == "--broker":
             opt = click.option(flag, f"_b_{field}", default=None, metavar="URL", envvar=BROKER_ENV,
-                               callback=check_broker,
+                               callback=check or check_broker,
                                help=f"{text} Else ${BROKER_ENV}. {broker_help or f'Default: {DEFAULT_BROKER}.'}")
         elif flag == "--tls-insecure":
             opt = click.option(flag, f"_b_{field}", is_flag=True, default=False, help=text)

@@ -1,74 +1,50 @@
 """`nvmon nodes` (a fleet's nodes and their liveness, read once from the broker) and `nvmon forget`
 (clear a decommissioned node's retained topics).
 
-Both read the broker the way the TUI does: subscribe to the cluster's topics, feed what arrives for
-a settle time (retained statuses, inventories and alert sets at once, samples within an interval)
-into a `FleetState`, and judge liveness with its one rule (`NodeView.liveness`), so the list, the
-TUI and `nvmon fleet` agree. The broker flags are the common ones (docs/cli.md): --broker or
-$NVMON_BROKER, else --config's `[mqtt]` (whose user, password file and TLS files are used too, under
-the flags), else mqtt://localhost:1883.
+Both read the broker once (nvmon.cli.fleetread: the TUI's FleetState fed for a settle time, the
+common broker flags) and judge liveness with its one rule (`NodeView.liveness`), so the list, the
+TUI and `nvmon fleet` agree. `nvmon nodes` adds what each node's inventory says it is (board,
+driver) and filters: node-name globs, --rack, --state, --problems.
 """
 
 from __future__ import annotations
 
-import asyncio
+import fnmatch
 import json
-import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import click
 
-from nvmon.cli.common import (DEFAULT_BROKER, BrokerFlags, NvmonError, broker_options, check_broker_files,
-                              check_cluster, load_fleet_config)
+from nvmon.cli.common import DEFAULT_BROKER, BrokerFlags, NvmonError, NvmonUsageError, broker_options, check_cluster
+from nvmon.cli.fleetread import SETTLE_S, client_id, fleet_settings, read, run, settings_of
 from nvmon.tui.text import age as age_text
 
-SETTLE_S = 2.0  # retained messages come at once; a sample within one interval (1 s by default)
 CLEARED = ("alerts", "inventory", "status")  # the retained topics; the status last: views then drop the node
+STATES = ("online", "stale", "offline", "lost", "stopped")  # --state: a liveness, or an offline one's reason
 
 
-def _settings(broker: BrokerFlags, config_path: Path | None):
-    m = load_fleet_config(config_path).mqtt if config_path is not None else None
-    settings = broker.settings(m)
-    check_broker_files(settings)
-    return settings
-
-
-def _run(settings, coro):
-    from nvmon.wire.mqtt import describe_error
-
-    try:
-        return asyncio.run(coro)
-    except NvmonError:
-        raise
-    except Exception as e:  # the broker: refused, unreachable, TLS — one line
-        raise NvmonError(f"broker {settings.url}: {describe_error(e)}") from None
-
-
-def _client_id(what: str) -> str:
-    return f"nvmon-{what}-{os.getpid()}-{os.urandom(2).hex()}"
-
-
-async def read_fleet(settings, cluster: str | None, settle_s: float):
+async def read_fleet(settings, cluster: str | None, settle_s: float, stale_factor: float | None = None):
     """A FleetState fed with what the broker sends within `settle_s` of subscribing."""
-    from nvmon.fleet.state import FleetState
-    from nvmon.wire.contract import subscription
-    from nvmon.wire.mqtt import make_client
+    return (await read(settings, cluster, settle_s, stale_factor=stale_factor)).state
 
-    state = FleetState()
-    async with make_client(settings, client_id=settings.client_id or _client_id("nodes")) as client:
-        await client.subscribe(subscription(cluster), qos=1)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settle_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                async for m in client.messages:
-                    state.apply(str(m.topic), m.payload if m.payload is not None else b"", time.time())
-        except TimeoutError:
-            pass
-    state.sweep(time.time())
-    return state
+
+def board(inv) -> dict:
+    """What the inventory says the node is: GPU count, its most common GPU model, that model's spec
+    key (`spec.models[].key`, e.g. H100-SXM), the board's topology class, and the driver. The
+    `board` text is for the table: '8×H100-SXM nvswitch' (the model's name without the spec key)."""
+    if inv is None:
+        return {"board": None, "gpus": None, "model": None, "topology": None, "driver": None}
+    common = Counter(g.model for g in inv.gpus if g.model).most_common(1)
+    model = common[0][0] if common else None
+    models = inv.spec.get("models") if isinstance(inv.spec, dict) else None
+    key = next((m.get("key") for m in models or () if isinstance(m, dict) and m.get("model") == model
+                and isinstance(m.get("key"), str)), None)
+    name = key or (model.removeprefix("NVIDIA ") if model else "?")
+    return {"board": f"{len(inv.gpus)}×{name} {inv.topology_class}", "gpus": len(inv.gpus), "model": model,
+            "topology": inv.topology_class, "driver": inv.driver_version}
 
 
 def node_rows(state, now: float) -> list[dict]:
@@ -82,19 +58,40 @@ def node_rows(state, now: float) -> list[dict]:
             "age_s": round(live.age_s, 1), "age_exact": live.exact,
             "version": st.version if st is not None else None,
             "interval_s": st.interval_s if st is not None else None,
-            "alerts": v.alert_counts(), "clock_skew_s": v.clock_skew_s,
+            "alerts": v.alert_counts(), "clock_skew_s": v.clock_skew_s, **board(v.inventory),
         })
     return out
 
 
+def select(rows: list[dict], *, patterns: tuple[str, ...] = (), rack: str | None = None,
+           states: tuple[str, ...] = (), problems: bool = False) -> list[dict]:
+    """The rows that pass every filter given: a node name matching one of `patterns` (shell-style
+    globs), a rack matching `rack`, a liveness in `states` (or, for `lost` / `stopped`, an offline
+    node with that reason), and with `problems` a node that is not online or has active alerts."""
+    out = []
+    for r in rows:
+        if patterns and not any(fnmatch.fnmatchcase(r["node"], p) for p in patterns):
+            continue
+        if rack is not None and (r["rack"] is None or not fnmatch.fnmatchcase(r["rack"], rack)):
+            continue
+        if states and r["liveness"] not in states and not (r["liveness"] == "offline" and r["reason"] in states):
+            continue
+        if problems and r["liveness"] == "online" and not any(r["alerts"].values()):
+            continue
+        out.append(r)
+    return out
+
+
 def _table(rows: list[dict], with_cluster: bool) -> str:
-    head = (["CLUSTER"] if with_cluster else []) + ["NODE", "RACK", "LIVENESS", "AGE", "VERSION", "ALERTS"]
+    head = (["CLUSTER"] if with_cluster else []) + ["NODE", "RACK", "BOARD", "DRIVER", "LIVENESS", "AGE", "VERSION",
+                                                    "ALERTS"]
     lines = [head]
     for r in rows:
         live = r["liveness"] + (f" ({r['reason']})" if r["reason"] else "")
         age = ("≤" if not r["age_exact"] else "") + age_text(r["age_s"])  # as the TUI writes it
         alerts = " ".join(f"{n} {sev}" for sev, n in sorted(r["alerts"].items())) or "-"
-        line = [r["node"], r["rack"] or "-", live, age, r["version"] or "-", alerts]
+        line = [r["node"], r["rack"] or "-", r["board"] or "-", r["driver"] or "-", live, age, r["version"] or "-",
+                alerts]
         lines.append(([r["cluster"]] if with_cluster else []) + [_printable(c) for c in line])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
@@ -118,26 +115,43 @@ def _settle_option(f):
 
 
 @click.command("nodes")
+@click.argument("patterns", nargs=-1, metavar="[NODE_GLOB]...")
 @_broker_options
 @click.option("--cluster", default=None, callback=check_cluster, help="One cluster (default: every cluster).")
+@click.option("--rack", "rack_glob", metavar="GLOB", help="Only nodes of these racks, e.g. r07 or 'r0*'.")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATES),
+              help="Only nodes in this state (repeatable): online, stale, offline, or lost / stopped "
+                   "(offline by the will, or stopped cleanly).")
+@click.option("--problems", is_flag=True, help="Only nodes that are not online or have active alerts.")
 @_settle_option
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of node objects instead of the table.")
-def nodes_command(broker: BrokerFlags, config_path: Path | None, cluster: str | None, settle_s: float,
+def nodes_command(patterns: tuple[str, ...], broker: BrokerFlags, config_path: Path | None, cluster: str | None,
+                  rack_glob: str | None, states: tuple[str, ...], problems: bool, settle_s: float,
                   as_json: bool) -> None:
     """List a fleet's nodes with their liveness, as the broker has them: one line per node (rack,
-    online / stale / offline and why, since when, daemon version, active alerts).
+    board and driver from its inventory, online / stale / offline and why, since when, daemon
+    version, active alerts). NODE_GLOBs (e.g. 'gpu-0*') pick nodes by name; the filters combine.
 
     \b
     The age of an offline node comes from its status's own timestamp; `≤6m` (age_exact false in
-    --json) is a will found retained: silent for at most that long. Exit 0 once listed.
+    --json) is a will found retained: silent for at most that long. BOARD is GPU count × the
+    spec's model key and the board's topology class ('-': no inventory seen). Exit 0 once listed,
+    whether or not a node matched.
     """
-    settings = _settings(broker, config_path)
-    state = _run(settings, read_fleet(settings, cluster, settle_s))
-    rows = node_rows(state, time.time())
+    for p in (*patterns, *([rack_glob] if rack_glob is not None else [])):
+        if not p or len(p) > 200 or not p.isprintable():
+            raise NvmonUsageError(f"{p[:80]!r}: a glob is 1-200 printable characters")
+    settings = settings_of(broker, config_path)
+    fleet = fleet_settings(config_path)
+    state = run(settings, read_fleet(settings, cluster, settle_s,
+                                     stale_factor=fleet.stale_after_intervals if fleet is not None else None))
+    every = node_rows(state, time.time())
+    rows = select(every, patterns=patterns, rack=rack_glob, states=states, problems=problems)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
-        click.echo(f"no nodes on {settings.url}" + (f" in cluster {cluster}" if cluster else ""), err=True)
+        where = f"on {settings.url}" + (f" in cluster {cluster}" if cluster else "")
+        click.echo(f"no nodes {where}" if not every else f"none of {len(every)} nodes {where} match", err=True)
     else:
         click.echo(_table(rows, with_cluster=cluster is None))
 
@@ -164,8 +178,8 @@ def forget_command(nodes: tuple[str, ...], broker: BrokerFlags, config_path: Pat
     for n in nodes:
         if not valid_name(n):
             raise NvmonError(f"node {n[:80]!r}: use 1-64 characters from A-Z a-z 0-9 . _ -")
-    settings = _settings(broker, config_path)
-    state = _run(settings, read_fleet(settings, cluster, settle_s))
+    settings = settings_of(broker, config_path)
+    state = run(settings, read_fleet(settings, cluster, settle_s))
     now = time.time()
     alive = [n for n in nodes if (v := state.nodes.get((cluster, n))) is not None
              and v.liveness(now).state != "offline"]
@@ -180,8 +194,8 @@ def forget_command(nodes: tuple[str, ...], broker: BrokerFlags, config_path: Pat
             raise NvmonError("not a terminal: add --yes to confirm")
         click.confirm(f"Clear the retained topics of {len(nodes)} node(s) in cluster {cluster} on {settings.url}?",
                       abort=True)
-    _run(settings, _clear(settings, [topic(cluster, n, kind) for n in nodes for kind in CLEARED]))
-    left = _run(settings, read_fleet(settings, cluster, min(settle_s, 1.0)))
+    run(settings, _clear(settings, [topic(cluster, n, kind) for n in nodes for kind in CLEARED]))
+    left = run(settings, read_fleet(settings, cluster, min(settle_s, 1.0)))
     kept = [n for n in nodes if (cluster, n) in left.nodes and left.nodes[(cluster, n)].status is not None]
     if kept:
         raise NvmonError(f"the broker still holds the retained status of {', '.join(kept)}: no write access to "
@@ -192,6 +206,6 @@ def forget_command(nodes: tuple[str, ...], broker: BrokerFlags, config_path: Pat
 async def _clear(settings, topics: list[str]) -> None:
     from nvmon.wire.mqtt import make_client
 
-    async with make_client(settings, client_id=settings.client_id or _client_id("forget")) as client:
+    async with make_client(settings, client_id=settings.client_id or client_id("forget")) as client:
         for t in topics:
             await client.publish(t, b"", qos=1, retain=True)
