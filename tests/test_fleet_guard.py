@@ -196,3 +196,24 @@ def test_sessions_taking_turns_and_alternating_hosts_are_reported():
     announce(st, "moved", T0, host="old")
     announce(st, "moved", T0 + 1, host="new")  # reinstalled under a new host name: once is no evidence
     assert st.nodes[(C, "moved")].duplicate is None and st.stats.duplicates == 2
+
+
+def test_a_clock_that_steps_back_is_rebased_within_a_few_samples():
+    """NTP or a resumed VM sets a node's clock 4 s back (it was ahead): its samples look 4 s late,
+    more than it takes to be stale, at their usual cadence. Three such in a row are a step, not
+    a backlog: the offset is re-based and the node is online again without waiting for the window."""
+    st = FleetState(stale_factor=3)
+    announce(st, "n", T0)
+    for i in range(10):
+        st.apply(*sample("n", T0 + i + 4), T0 + i)  # 4 s ahead: within the bound, learned
+    assert st.nodes[(C, "n")].liveness(T0 + 9).state == "online"
+    for i in (10, 11):  # stepped: now right, so 4 s "late": alive as of T0+7 by their own times
+        st.apply(*sample("n", T0 + i), T0 + i)
+    assert st.nodes[(C, "n")].alive_rx == T0 + 9  # still the last on-time sample's
+    st.apply(*sample("n", T0 + 12), T0 + 12)  # the third: a step, re-based
+    v = st.nodes[(C, "n")]
+    assert v.alive_rx == T0 + 12 and v.liveness(T0 + 12.5).state == "online" and v.clock_skew_s is None
+    for i in range(13, 16):  # stepped again, 10 s back: re-based, and beyond the bound, flagged
+        st.apply(*sample("n", T0 + i - 10), T0 + i)
+    v = st.nodes[(C, "n")]
+    assert v.clock_skew_s == -10 and v.liveness(T0 + 15).state == "online"

@@ -6,7 +6,10 @@
   offset is learned as the least (arrival − ts) of its recent samples (`NodeClock`, a windowed
   minimum: network delay only ever adds to it). An offset beyond `SKEW_BOUND_S` either way is a
   skewed clock: the node is flagged (`NodeView.clock_skew_s`, counted in `FleetStats.clock_skewed`,
-  logged once) and its timestamps are not trusted, its samples dated by arrival instead.
+  logged once) and its timestamps are not trusted, its samples dated by arrival instead. A clock
+  that steps (NTP, a resumed VM) shows as the same lateness in `STEADY_SAMPLES` samples in a row at
+  the node's own cadence: the offset is re-based then, so a node whose clock stepped back is not
+  stale for the minute the window would take.
   When every node's samples arrive late together, the lateness is the feed's (the aggregator or the
   broker behind), not each node's: `FeedLag` measures it (the least lateness of any sample in the
   last second, from at least 3 samples) and it is taken off, so a slow aggregator does not page
@@ -36,6 +39,8 @@ log = logging.getLogger("nvmon.fleet")
 SKEW_BOUND_S = 5.0  # a node clock further off than this either way is flagged and its timestamps unused
 OFFSET_WINDOW_S = 30.0  # the clock offset is the least (arrival − ts) over the last one or two windows
 LAG_MIN_SAMPLES = 3  # the feed's lag is judged from at least this many samples in a second
+STEADY_SAMPLES = 3  # this many samples in a row equally late (a clock step, not a backlog): re-base
+STEP_MIN_S = 1.0  # lateness below this is left to the window
 DUP_RATE = 1.8  # samples per window over this many times what the interval allows: two publishers
 DUP_WINDOW_INTERVALS = 10  # a rate window is this many of the node's intervals (at least DUP_WINDOW_MIN_S)
 DUP_WINDOW_MIN_S = 5.0
@@ -48,11 +53,25 @@ class NodeClock:
     """A node's clock offset (aggregator clock − node clock, network delay included), the least
     (arrival − ts) over the current and the previous OFFSET_WINDOW_S."""
 
-    __slots__ = ("cur", "prev", "since")
+    __slots__ = ("cur", "prev", "since", "last_late", "steady")
 
     def __init__(self, now: float):
         self.cur = self.prev = math.inf
         self.since = now
+        self.last_late, self.steady = 0.0, 0
+
+    def stepped(self, late: float, rx: float, ts: float, interval_s: float) -> bool:
+        """Whether `late` (this sample's lateness) is the STEADY_SAMPLES-th in a row of one size:
+        the node's clock stepped back (a backlog drains with lateness falling by an interval a
+        sample). Then the offset is re-based on this sample."""
+        tol = min(0.5, 0.5 * interval_s) if interval_s > 0 else 0.5
+        self.steady = self.steady + 1 if late >= STEP_MIN_S and abs(late - self.last_late) < tol else 0
+        self.last_late = late
+        if self.steady + 1 < STEADY_SAMPLES:
+            return False
+        self.cur = self.prev = rx - ts
+        self.since, self.steady = rx, 0
+        return True
 
     def offset(self, rx: float, ts: float) -> float:
         """Fold in one sample (arrival `rx`, own timestamp `ts`); the offset estimate now."""
@@ -82,15 +101,18 @@ class FeedLag:
         return self.lag_s
 
 
-def sample_time(clock: NodeClock, rx: float, ts: float, lag: FeedLag) -> tuple[float, float | None]:
+def sample_time(clock: NodeClock, rx: float, ts: float, lag: FeedLag,
+                interval_s: float = 1.0) -> tuple[float, float | None]:
     """When a sample shows its node alive, on the aggregator's clock, and the node's clock skew
     (seconds ahead, negative behind) when beyond SKEW_BOUND_S (then the sample is dated `rx`)."""
     if not math.isfinite(ts):
         return rx, None
     offset = clock.offset(rx, ts)
+    late = max(0.0, (rx - ts) - offset)
+    if clock.stepped(late, rx, ts, interval_s):
+        offset, late = rx - ts, 0.0
     if abs(offset) > SKEW_BOUND_S:
         return rx, -offset
-    late = max(0.0, (rx - ts) - offset)
     return rx - max(0.0, late - lag.add(late, rx)), None
 
 

@@ -228,7 +228,7 @@ class FleetState:
         clock = self._clocks.get(v.key)
         if clock is None:
             clock = self._clocks[v.key] = NodeClock(now)
-        at, skew = sample_time(clock, now, t.ts, self._lag)  # when it was taken: fresh by its own time
+        at, skew = sample_time(clock, now, t.ts, self._lag, t.interval_s)  # when taken: fresh by its own time
         if skew is not None and v.clock_skew_s is None:
             self._note_skew(v, skew, "sample")
         alive = at if v.alive_rx is None else max(at, v.alive_rx)
