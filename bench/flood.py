@@ -137,8 +137,9 @@ def main() -> None:
         url = f"mqtt://127.0.0.1:{port}"
         (tmp / "hook.py").write_text(HOOK)
         cfg = tmp / "fleet.toml"
+        hook = json.dumps([sys.executable, str(tmp / "hook.py"), str(tmp / "pages.jsonl")])
         cfg.write_text(f"[fleet]\nforget_without_inventory_s = {a.forget_after:g}\n"
-                       f"[[hooks]]\ntype = \"exec\"\ncommand = {json.dumps([sys.executable, str(tmp / 'hook.py'), str(tmp / 'pages.jsonl')])}\n")
+                       f"[[hooks]]\ntype = \"exec\"\ncommand = {hook}\n")
         procs: dict[str, psutil.Process] = {}
         children = []
         session = f"nvmon-flood-{os.getpid()}"
