@@ -81,6 +81,7 @@ class ClustersApp(NvmonApp):
             self._drill_worker = self.run_worker(self.subscriber.run(), name="nvmon.tui.subscriber", group="mqtt",
                                                  exit_on_error=False)
         self.push_screen(ClusterFleetScreen(self.rack_budget_w))
+        self.refresh_data()  # the header names the cluster at once
 
     def close_cluster(self) -> None:
         if self.drilled is None:
