@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from nvmon.alerts.model import AlertRecord
 from nvmon.codes import SEVERITIES, Severity
 from nvmon.fleet.rules import FleetRules, rack_power_level
-from nvmon.fleet.state import FleetState
+from nvmon.fleet.state import FleetState, NodeView
 from nvmon.wire.contract import PayloadTooLarge, WireError
 from nvmon.wire.mqtt import Backoff, MqttSettings
 from nvmon.wire.session import MqttSession
@@ -40,16 +40,18 @@ log = logging.getLogger("nvmon.fleet")
 
 MIN_GAP_S = 2.0  # a change of counts is published at most this often
 MIN_EVERY_S = 0.5
-TICK_S = 0.5
+TICK_S = 1.0
 SETTLE_S = 2.0  # after (re)connecting, what the state holds is a few retained messages: wait this long
 _LIVE_RANK = {"offline": 0, "stale": 1, "online": 2}
 NO_ALERT = len(SEVERITIES)  # the rank of a node without alerts: after every severity
 
 
 def build_summary(state: FleetState, cluster: str, now: float, *, interval_s: float,
-                  fleet_alerts: Iterable[AlertRecord] = (), rules: FleetRules | None = None) -> ClusterSummary:
+                  fleet_alerts: Iterable[AlertRecord] = (), rules: FleetRules | None = None,
+                  views: Iterable[NodeView] | None = None) -> ClusterSummary:
     """The summary of `cluster` as `state` and the fleet rules' active alerts (`fleet_alerts`, any
-    cluster's: those of others are skipped) stand now."""
+    cluster's: those of others are skipped) stand now. `views`: the cluster's nodes, when the caller
+    has them at hand (else they are picked out of `state`)."""
     live = Counter()
     kinds: dict[tuple[str, str], list[int]] = {}  # (code, severity) → [count, firing]
     per_node: dict[str, list] = {}  # node → [worst severity rank, its code, alerts, firing first]
@@ -69,9 +71,10 @@ def build_summary(state: FleetState, cluster: str, now: float, *, interval_s: fl
             n[0], n[1] = rank, code
 
     lives = {}
-    for (c, node), view in state.nodes.items():
-        if c != cluster:
-            continue
+    if views is None:
+        views = [v for (c, _), v in state.nodes.items() if c == cluster]
+    for view in views:
+        node = view.node
         lv = view.liveness(now).state
         lives[node] = lv
         live[lv] += 1
@@ -139,19 +142,20 @@ class SummaryPublisher:
         self.published = self.errors = 0
         self._last: dict[str, tuple[float, tuple]] = {}  # cluster → (published at, change key)
 
-    def watched(self) -> list[str]:
-        if self.clusters:
-            return list(self.clusters)
-        return sorted({c for c, _ in self.state.nodes})
-
     def due(self, now: float) -> list[ClusterSummary]:
-        """The summaries to publish now (and marks them published)."""
+        """The summaries to publish now (and marks them published). One pass over the state."""
         out = []
-        active = None
-        for cluster in self.watched():
-            if active is None:
-                active = list(self.fleet_alerts())
-            s = build_summary(self.state, cluster, now, interval_s=self.every_s, fleet_alerts=active, rules=self.rules)
+        by_cluster: dict[str, list[NodeView]] = {c: [] for c in self.clusters}
+        for (c, _), view in self.state.nodes.items():
+            if self.clusters:
+                if c in by_cluster:
+                    by_cluster[c].append(view)
+            else:
+                by_cluster.setdefault(c, []).append(view)
+        active = list(self.fleet_alerts()) if by_cluster else []
+        for cluster in sorted(by_cluster) if not self.clusters else self.clusters:
+            s = build_summary(self.state, cluster, now, interval_s=self.every_s, fleet_alerts=active, rules=self.rules,
+                              views=by_cluster[cluster])
             key = _change_key(s)
             last = self._last.get(cluster)
             if last is None or now - last[0] >= self.every_s or (key != last[1] and now - last[0] >= MIN_GAP_S):
