@@ -5,18 +5,23 @@ version is tests/test_cluster_bridges.py."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
+import time
 
 import click
 import pytest
+from click.testing import CliRunner
+from mqtt_broker import Broker, needs_mosquitto
 from test_cluster_summary import T0, summary
 
 from nvmon.fleet.clusters import ClusterBoard
 from nvmon.tui.clusters_app import ClusterFleetScreen, ClustersApp
 from nvmon.tui.screens.alerts import AlertsScreen
 from nvmon.tui.screens.clusters import ClustersScreen
+from nvmon.wire.mqtt import MqttSettings, make_client
 from nvmon.wire.summary import RackLine, WorstNode, summary_payload, summary_topic
 
 
@@ -89,3 +94,35 @@ def test_cluster_lists_and_bad_input_as_one_line():
         "or + for every cluster"], r.stderr
     r = nvmon("fleet", "--broker", "mqtt://127.0.0.1:1", "--watch", "everything")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "--watch" in r.stderr, r.stderr
+
+
+@needs_mosquitto
+def test_without_cluster_the_tui_opens_on_the_overview_when_the_broker_holds_several_summaries(tmp_path,
+                                                                                                monkeypatch):
+    """No --cluster: the retained summaries decide the start screen (a look of at most a second)."""
+    from nvmon.cli.tui import tui_command
+
+    started = []
+    monkeypatch.setattr("nvmon.tui.app.NvmonApp.run", lambda self: started.append((type(self).__name__,
+                                                                                    self.cluster)))
+    monkeypatch.setattr("nvmon.tui.clusters_app.ClustersApp.run", lambda self: started.append(
+        (type(self).__name__, self.watched)))
+
+    async def publish(url: str, *clusters: str) -> None:
+        async with make_client(MqttSettings(url=url), client_id="summaries") as c:
+            for cl in clusters:
+                await c.publish(summary_topic(cl), summary_payload(summary(cl, ts=T0)), qos=1, retain=True)
+
+    with Broker(tmp_path) as broker:
+        for published, expected in (((), ("NvmonApp", None)), (("a",), ("NvmonApp", None)),
+                                     (("b",), ("ClustersApp", ()))):
+            asyncio.run(publish(broker.url, *published))
+            t0 = time.monotonic()
+            r = CliRunner().invoke(tui_command, ["--broker", broker.url])
+            assert r.exit_code == 0, r.output
+            assert started.pop() == expected and time.monotonic() - t0 < 2.5
+        r = CliRunner().invoke(tui_command, ["--broker", broker.url, "--cluster", "a"])  # one named: its nodes
+        assert r.exit_code == 0 and started.pop() == ("NvmonApp", "a")
+    t0 = time.monotonic()
+    r = CliRunner().invoke(tui_command, ["--broker", broker.url])  # the broker is gone: the TUI says so itself
+    assert r.exit_code == 0 and started.pop() == ("NvmonApp", None) and time.monotonic() - t0 < 2.5

@@ -35,7 +35,8 @@ def check_clusters(ctx, param, value: str | None) -> tuple[str, ...] | None:
 @click.option("--cluster", "clusters", callback=check_clusters, metavar="NAME[,NAME...]|+",
               help="Show one cluster's nodes; or, for several (a,b) or every one (+), open on a cluster overview "
                    "built from their summaries (nvmon fleet publishes them), subscribing to a cluster's nodes only "
-                   "when you open it (Enter; Escape goes back). Default: every node of every cluster.")
+                   "when you open it (Enter; Escape goes back). Default: the overview of every cluster when the "
+                   "broker holds several clusters' summaries, else every node of every cluster.")
 @click.option("--rack-budget-kw", type=click.FloatRange(min=0, min_open=True), metavar="KW",
               help="Power budget per rack, shown against each rack's GPU draw when grouped by rack (g).")
 @click.option("--log-file", type=click.Path(dir_okay=False), metavar="FILE",
@@ -67,6 +68,13 @@ def tui_command(broker: BrokerFlags, config_path: Path | None, clusters: tuple[s
         from nvmon.tui.app import NvmonApp
 
         caps = {"max_silence_s": cfg.alerts.max_silence_h * 3600} if cfg is not None else {}
+        if clusters is None:  # the broker holds several clusters' summaries: open on their overview
+            import asyncio
+
+            from nvmon.fleet.clusters import summarized_clusters
+
+            if len(asyncio.run(summarized_clusters(settings))) > 1:
+                clusters = ()
         if clusters is not None and len(clusters) != 1:  # several, or every one (+): the overview
             from nvmon.tui.clusters_app import ClustersApp
 

@@ -18,7 +18,9 @@ board (and the clusters' shared acks and silences) on its own connection.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -34,7 +36,7 @@ from nvmon.fleet.state import FleetState
 from nvmon.fleet.subscriber import SubscriberStatus, subscribed
 from nvmon.fleet.view import status_time
 from nvmon.wire.contract import CONTROL_LEVEL, WireError, control_subscription, valid_name
-from nvmon.wire.mqtt import Backoff, MqttSettings
+from nvmon.wire.mqtt import Backoff, MqttSettings, make_client
 from nvmon.wire.session import MqttSession
 from nvmon.wire.summary import ClusterSummary, parse_summary, parse_summary_topic, summary_subscription
 
@@ -43,6 +45,7 @@ log = logging.getLogger("nvmon.fleet")
 DEFAULT_STALE_INTERVALS = 3.0
 MIN_GRACE_S = 2.0  # a summary is late only past its interval plus this (the publisher ticks twice a second)
 UNHEARD_AFTER_S = 30.0  # a cluster named on the command line that never sent a summary: unreachable after this
+PROBE_S, PROBE_QUIET_S = 1.0, 0.3  # summarized_clusters: at most this long, done this long after the last one
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,3 +257,32 @@ async def fleet_feed(settings: FleetSettings, mqtt: MqttSettings, state: FleetSt
                                fleet_alerts=alerts.active, rules=alerts.rules, clock=clock)
         async with running(pub.run(), name="nvmon.fleet.summary"):
             yield sub
+
+
+async def summarized_clusters(settings: MqttSettings, *, wait_s: float = PROBE_S,
+                              quiet_s: float = PROBE_QUIET_S) -> set[str]:
+    """The clusters whose summary is retained on the broker (what `nvmon tui` without --cluster looks
+    at to choose its start screen). Retained messages come right after the subscription, so the look
+    ends `quiet_s` after the last one, `wait_s` at most. An empty set when the broker cannot be
+    reached in that time: the view's own connection then says why."""
+    quick = dataclasses.replace(settings, timeout_s=min(settings.timeout_s, wait_s))
+    seen: set[str] = set()
+    try:
+        async with asyncio.timeout(2 * wait_s):
+            async with make_client(quick, client_id=f"nvmon-probe-{os.getpid()}") as client:
+                await client.subscribe(summary_subscription(), qos=1)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + wait_s
+                messages = aiter(client.messages)
+                while (left := min(quiet_s, deadline - loop.time())) > 0:
+                    try:
+                        m = await asyncio.wait_for(anext(messages), left)
+                    except TimeoutError:
+                        break
+                    with contextlib.suppress(WireError):
+                        if m.payload:
+                            seen.add(parse_summary_topic(m.topic))
+    except Exception as e:  # unreachable, refused, slow: not this look's to report
+        log.debug("fleet: no look at the clusters' summaries on %s: %s", settings.url, e)
+        return set()
+    return seen
