@@ -51,6 +51,11 @@ async def cpu_rate(p: psutil.Process, seconds: float) -> float:
     return (cpu_s(p) - c0) / (time.monotonic() - t0)
 
 
+def forgot(p: Proc) -> list[str]:
+    """nvmon fleet's lines about nodes forgotten for sending no inventory."""
+    return [ln for ln in p.text().splitlines() if "that sent no inventory" in ln]
+
+
 async def test_a_flood_of_fake_nodes_pages_nothing_and_goes_away(tmp_path):
     cluster = cluster_name()
     cfg, out = fleet_config(tmp_path, "[fleet]\nforget_without_inventory_s = 3\nlog_drops_every_s = 2\n")
@@ -72,9 +77,10 @@ async def test_a_flood_of_fake_nodes_pages_nothing_and_goes_away(tmp_path):
             stdout, stderr = await asyncio.wait_for(flood.communicate(), 120)
             assert flood.returncode == 0, stderr[-2000:]
             figures = json.loads(stdout.decode().strip().splitlines()[-1])
-            # Forgotten once silent for 3 s (at most 1,000 were admitted: max_nodes_without_inventory).
-            await wait_until(lambda: "so far" in f.text() and "nodes that sent no inventory" in f.text(), 20,
-                             "the fake nodes forgotten")
+            # Forgotten once silent for 3 s (at most 1,000 at a time: max_nodes_without_inventory; on a
+            # slow machine some go quiet for 3 s during the flood already, are forgotten and come back).
+            await wait_until(lambda: forgot(f)[-1:] and forgot(f)[-1].endswith(" 0 without an inventory left"), 20,
+                             "every fake node forgotten")
             await asyncio.sleep(2)
             after = await cpu_rate(proc, 4)
         finally:
@@ -86,9 +92,8 @@ async def test_a_flood_of_fake_nodes_pages_nothing_and_goes_away(tmp_path):
     assert figures["sent"] >= 5000  # every name at least once
     drops = [ln for ln in text.splitlines() if "messages dropped in the last" in ln]
     assert drops and "node_cap" in drops[0], drops  # the names past the cap, refused before parsing
-    forgot = [ln for ln in text.splitlines() if "nodes that sent no inventory" in ln]
-    so_far = int(forgot[-1].rsplit(";", 1)[1].split()[0])
-    assert 0 < so_far <= 1000, forgot  # the admitted fakes, all forgotten; the rest dropped at the cap
+    so_far = int(forgot(f)[-1].rsplit(";", 1)[1].split()[0])
+    assert so_far >= 1000, forgot(f)  # the cap's worth at least was admitted, and all of them forgotten
     assert "Traceback" not in text
     sent = pages(out)
     assert not [p for p in sent if str(p["alert"].get("node") or "").startswith("real")], sent

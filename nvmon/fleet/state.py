@@ -382,8 +382,9 @@ class FleetState:
         if gone:
             self._expired += len(gone)
             log.warning("fleet: forgot %d node%s that sent no inventory and nothing for %g s (e.g. %s/%s); "
-                        "%d so far", len(gone), "" if len(gone) == 1 else "s", self.forget_without_inventory_s,
-                        gone[0][0], gone[0][1], self._expired)
+                        "%d so far, %d without an inventory left", len(gone), "" if len(gone) == 1 else "s",
+                        self.forget_without_inventory_s, gone[0][0], gone[0][1], self._expired,
+                        len(self._no_inventory))
 
     def changed_since(self, version: int) -> set[NodeKey]:
         """Keys changed after `version`. A key absent from `nodes` was removed. A caller that fell
