@@ -178,6 +178,8 @@ class SummaryPublisher:
                     self.errors += 1
                     log.error("fleet: summary of %s not published: %s", s.cluster, e)
                     continue
-                await client.publish(summary_topic(s.cluster), body, qos=1, retain=True)
+                # QoS 0: the next summary replaces a lost one, and a publish never waits on a broker
+                # that stalls (its acknowledgement timing out would drop the connection).
+                await client.publish(summary_topic(s.cluster), body, qos=0, retain=True)
                 self.published += 1
             await asyncio.sleep(TICK_S)
