@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,15 +23,17 @@ from mqtt_broker import Broker, needs_mosquitto
 from nvmon.wire.contract import Alert, topic
 from nvmon.wire.mqtt import MqttSettings, make_client
 from nvmon.wire.payloads import alerts_payload, status_payload
+from nvmon.wire.summary import AlertCount, ClusterSummary, NodeCounts, summary_payload, summary_topic
 
 pytestmark = needs_mosquitto
 C, OTHER = "fc", "oc"
 H100 = "8×H100-SXM nvswitch"
 
 
-def nvmon(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def nvmon(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "NVMON_BROKER"}
     return subprocess.run([sys.executable, "-m", "nvmon", *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env={**base, **(env or {})})
 
 
 def alert(fp: str, code: str, severity: str, summary: str, starts: float, **kw) -> Alert:
@@ -48,6 +51,12 @@ async def retain(url: str, now: float) -> None:
         (topic(OTHER, "far", "status"), status_payload("offline", version="1", interval_s=1, ts=now - 300, reason="lost")),
         (topic(OTHER, "far", "alerts"), alerts_payload([alert("fa4fa4fa4f", "gpu.lost", "critical",
                                                               "GPU 5 fell off the bus", now - 400, gpu=5)], now - 30)),
+        # what fc's nvmon fleet would publish: its own count of the cluster's alerts, 200 s ago
+        (summary_topic(C), summary_payload(ClusterSummary(
+            cluster=C, ts=now - 200, interval_s=10, nodes=NodeCounts(total=6, online=4, stale=0, offline=2),
+            power_w=None, alerts=(AlertCount("node.offline", "critical", 2, 2),
+                                  AlertCount("nvlink.link_down", "critical", 1, 1),
+                                  AlertCount("nvlink.topology", "warning", 1, 0))))),
     ]
     async with make_client(MqttSettings(url=url), client_id="gone-daemons") as c:
         for t, payload in msgs:
@@ -205,13 +214,20 @@ def test_alerts_broker_table_names_cluster_and_node(fleet):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["STATE", "SEV", "CODE", "WHERE", "SINCE", "COUNT", "FINGERPRINT"]
-    assert len(lines) == 5  # two alerts, two lines each
+    assert len(lines) == 6  # two alerts, two lines each, and fc's summary under them
+    # fc's nvmon fleet's own count, of the codes --code keeps (oc publishes no summary)
+    assert lines[5] == (f"summary of {C} (its nvmon fleet, 3m old): 6 nodes (2 offline); alerts: "
+                        "1 nvlink.link_down crit, 1 nvlink.topology warn (1 pending)")
     first = lines[1].split()
     # several clusters on the broker: WHERE starts with the cluster; no count travels on the wire
     assert first[:5] == ["✗", "firing", "crit", "nvlink.link_down", f"{C}/sim-001"] and first[-2] == "-", lines
     assert lines[2].startswith("    GPU 2 NVLink 5")
     one = nvmon("alerts", "--broker", fleet.url, "--cluster", C, "--code", "nvlink.link_down").stdout.splitlines()
     assert one[1].split()[4] == "sim-001"  # one cluster: the node alone
+    crit = nvmon("alerts", "--broker", fleet.url, "--cluster", C, "--severity", "critical").stdout.splitlines()
+    assert crit[-1].endswith("alerts: 2 node.offline crit, 1 nvlink.link_down crit"), crit
+    node = nvmon("alerts", "--broker", fleet.url, "--cluster", C, "--node", "sim-001").stdout
+    assert "summary of" not in node  # the summary counts the whole cluster, not a node
 
 
 def test_alerts_broker_marks_shared_acks_and_silences(fleet, tmp_path):
@@ -246,3 +262,13 @@ def test_alerts_broker_bad_input_and_unreachable_broker_are_one_line(fleet, tmp_
         r = nvmon("alerts", "--broker", fleet.url, *args)
         assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and words in r.stderr, (args, r.stderr)
         assert r.stderr.startswith("nvmon alerts: ") and "Traceback" not in r.stderr
+
+
+def test_alerts_takes_NVMON_BROKER_but_an_explicit_db_wins(fleet, tmp_path):
+    env = {"NVMON_BROKER": fleet.url}
+    r = nvmon("alerts", "--cluster", C, "--code", "nvlink.link_down", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert [(a["node"], a["source"]) for a in json.loads(r.stdout)] == [("sim-001", "node")]
+    missing = tmp_path / "node.db"
+    r = nvmon("alerts", "--db", str(missing), env=env)  # the database asked for, not the broker
+    assert r.returncode == 1 and r.stderr.splitlines() == [f"nvmon: database {missing}: not found"]

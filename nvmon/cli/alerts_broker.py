@@ -13,6 +13,12 @@ Two sources, each row saying which (`source` in --json):
   pending; node.offline needs none. A node.offline / node.stale row starts when the node went
   quiet, by its own timestamps (the fleet state's liveness).
 
+Under the table, one line per cluster whose `nvmon fleet` publishes a summary (`@summary`,
+nvmon.wire.summary): its active alerts by code and severity as that evaluator counts them, firing
+or still pending, and how old the summary is; the check on this read's own judgement (and all
+there is on a central broker that carries only the summaries). Not in --json, whose shape is the
+database listing's.
+
 Marks from the clusters' shared `@controls` sets (nvmon.alerts.shared): `acked` when an ack names
 the alert's episode (fingerprint and start; the node publishes its start), `silenced` when a shared
 silence matches it (scoped to its cluster, as every evaluator matches). The fleet rules' rows are
@@ -21,6 +27,7 @@ this read's own episodes: an ack of `nvmon fleet`'s does not name them.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import time
 from dataclasses import replace
@@ -32,7 +39,8 @@ from nvmon.cli.alerts_view import ordered, render_alerts, select
 from nvmon.cli.common import on_terminal, stdout_console
 from nvmon.cli.fleetread import fleet_settings, read, run
 
-AGE_CODES = ("node.offline", "node.stale")  # fleet rows dated by the node's liveness, not by this read
+AGE_CODES = ("node.offline", "node.stale")
+_SEV = {"critical": "crit", "warning": "warn", "info": "info"}  # as the SEV column  # fleet rows dated by the node's liveness, not by this read
 
 
 def node_record(cluster: str, node: str, rack: str | None, a) -> AlertRecord:
@@ -84,6 +92,27 @@ def marks(records: list[AlertRecord], fleet: set[str], controls: dict, now: floa
     return silenced
 
 
+def summary_lines(summaries: dict, now: float, *, code: str | None, severity: str | None) -> list[str]:
+    """One line per cluster summary: its nodes by liveness and its alerts by code and severity
+    (those --code and --severity keep), as the cluster's nvmon fleet counted them."""
+    from nvmon.codes import Severity
+    from nvmon.tui.text import age
+
+    out = []
+    for c, sm in sorted(summaries.items()):
+        n = sm.nodes
+        quiet = ", ".join(f"{v} {k}" for k, v in (("stale", n.stale), ("offline", n.offline)) if v)
+        kinds = [f"{a.count} {a.code} {_SEV.get(a.severity, a.severity)}"
+                 + (f" ({a.count - a.firing} pending)" if a.firing < a.count else "")
+                 for a in sm.alerts if (code is None or fnmatch.fnmatchcase(a.code, code))
+                 and (severity is None or Severity.rank_of(a.severity) <= Severity.rank_of(severity))]
+        if sm.alert_kinds_omitted:
+            kinds.append(f"{sm.alert_kinds_omitted} more kinds")
+        out.append(f"summary of {c} (its nvmon fleet, {age(now - sm.ts)} old): {n.total} nodes"
+                   + (f" ({quiet})" if quiet else "") + "; alerts: " + (", ".join(kinds) or "none"))
+    return out
+
+
 def list_from_broker(settings, *, cluster: str | None, settle_s: float, config_path, node: str | None,
                      code: str | None, severity: str | None, as_json: bool) -> None:
     fleet = fleet_settings(config_path)
@@ -115,3 +144,6 @@ def list_from_broker(settings, *, cluster: str | None, settle_s: float, config_p
     view = render_alerts(records, silenced, now, full=not on_terminal(), counts=False,
                          with_cluster=cluster is None and len(clusters) > 1)
     stdout_console().print(view, soft_wrap=True)  # lines are cut to fit a terminal already; piped, whole
+    if node is None:  # the summaries count whole clusters
+        for line in summary_lines(snap.summaries, now, code=code, severity=severity):
+            click.echo(line)

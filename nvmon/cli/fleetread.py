@@ -63,6 +63,7 @@ class Snapshot:
 
     state: object  # nvmon.fleet.state.FleetState
     controls: dict = field(default_factory=dict)  # cluster → ControlSet (only with controls=True)
+    summaries: dict = field(default_factory=dict)  # cluster → ClusterSummary, its nvmon fleet's (controls=True)
     subscribed_at: float = 0.0  # unix s
     read_s: float = 0.0  # how long it read
 
@@ -80,21 +81,25 @@ def _slowest_live_interval(state, now: float) -> float:
 async def read(settings, cluster: str | None, settle_s: float, *, controls: bool = False,
                stale_factor: float | None = None, judgeable: bool = False) -> Snapshot:
     """Subscribe and feed what the broker sends within `settle_s` into a new FleetState.
-    `controls`: also read the shared `@controls` sets. `judgeable`: go on reading (up to
+    `controls`: also read the shared `@controls` sets and the `@summary` each cluster's
+    `nvmon fleet` publishes (nvmon.wire.summary). `judgeable`: go on reading (up to
     MAX_READ_S) until two intervals of the slowest live node have passed, the settle time the
     fleet rules need before they judge (nvmon.fleet.alerting.blind_now)."""
     from nvmon.fleet.state import FleetState
     from nvmon.wire.contract import WireError, control_subscription, parse_control_topic, subscription
     from nvmon.wire.control import read_controls
     from nvmon.wire.mqtt import make_client
+    from nvmon.wire.summary import SUMMARY_LEVEL, parse_summary, summary_subscription
 
     state = FleetState() if stale_factor is None else FleetState(stale_factor=stale_factor)
     sets: dict = {}
+    summaries: dict = {}
     loop = asyncio.get_running_loop()
     async with make_client(settings, client_id=settings.client_id or client_id("read")) as client:
         await client.subscribe(subscription(cluster), qos=1)
         if controls:
             await client.subscribe(control_subscription(cluster), qos=1)
+            await client.subscribe(summary_subscription(cluster), qos=1)
         t0, start = loop.time(), time.time()
         until = t0 + settle_s
         while True:
@@ -103,10 +108,15 @@ async def read(settings, cluster: str | None, settle_s: float, *, controls: bool
                     async for m in client.messages:
                         payload = m.payload if m.payload is not None else b""
                         t = str(m.topic)
-                        if controls and t.count("/") == 3:
+                        if controls and t.count("/") == 3:  # @controls, @summary: never a node's topic
                             try:
-                                c = parse_control_topic(t)
-                                sets[c] = read_controls(c, bytes(payload))
+                                if t.endswith("/" + SUMMARY_LEVEL):
+                                    if payload:  # empty: the topic cleared
+                                        got = parse_summary(t, bytes(payload))
+                                        summaries[got.cluster] = got
+                                else:
+                                    c = parse_control_topic(t)
+                                    sets[c] = read_controls(c, bytes(payload))
                             except (WireError, ValueError, TypeError):
                                 pass  # someone else's junk there: not ours to list (as read_every_shared)
                             continue
@@ -121,4 +131,4 @@ async def read(settings, cluster: str | None, settle_s: float, *, controls: bool
             until = need
         read_s = loop.time() - t0
     state.sweep(time.time())
-    return Snapshot(state, sets, start, read_s)
+    return Snapshot(state, sets, summaries, start, read_s)
