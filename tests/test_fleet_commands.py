@@ -272,3 +272,36 @@ def test_alerts_takes_NVMON_BROKER_but_an_explicit_db_wins(fleet, tmp_path):
     missing = tmp_path / "node.db"
     r = nvmon("alerts", "--db", str(missing), env=env)  # the database asked for, not the broker
     assert r.returncode == 1 and r.stderr.splitlines() == [f"nvmon: database {missing}: not found"]
+
+
+async def _retained_payload(url: str, t: str) -> bytes:
+    async with make_client(MqttSettings(url=url), client_id="read-one") as c:
+        await c.subscribe(t, qos=1)
+        async with asyncio.timeout(10):
+            async for m in c.messages:
+                return bytes(m.payload)
+
+
+def test_nodes_shows_hostile_inventory_strings_as_data(fleet, tmp_path):
+    """A model and a driver version carrying terminal escapes and markup: the table shows them
+    defused (control characters as '?'), --json keeps them exactly, escaped by JSON."""
+    inv = json.loads(asyncio.run(_retained_payload(fleet.url, topic(C, "sim-000", "inventory"))))
+    inv["cluster"], inv["node"] = "ev", "evil"
+    model, driver = "\x1b[31mEVIL [bold]x[/bold]", "\x1b]0;pwn\x07 550"
+    for g in inv["gpus"]:
+        g["model"] = model
+    inv["nvml"]["driver_version"] = driver
+
+    async def publish(url):
+        async with make_client(MqttSettings(url=url), client_id="hostile") as c:
+            await c.publish(topic("ev", "evil", "inventory"), json.dumps(inv).encode(), qos=1, retain=True)
+
+    with Broker(tmp_path) as broker:
+        asyncio.run(publish(broker.url))
+        table = nvmon("nodes", "--broker", broker.url, "--settle", "1")
+        assert table.returncode == 0, table.stderr
+        assert "\x1b" not in table.stdout and "\x07" not in table.stdout
+        row = table.stdout.splitlines()[1]
+        assert "8×?[31mEVIL [bold]x[/bold] nvswitch" in row and "?]0;pwn? 550" in row, row
+        (got,) = json.loads(nvmon("nodes", "--broker", broker.url, "--settle", "1", "--json").stdout)
+        assert (got["model"], got["driver"], got["board"]) == (model, driver, f"8×{model} nvswitch")
