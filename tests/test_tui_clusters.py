@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from mqtt_broker import Broker, needs_mosquitto
 from test_cluster_summary import T0, summary
+from tuifleet import plain
 
 from nvmon.fleet.clusters import ClusterBoard
 from nvmon.tui.clusters_app import ClusterFleetScreen, ClustersApp
@@ -56,7 +57,10 @@ async def test_overview_rows_alerts_and_drilling():
         # b's summary is a minute old: one cluster.unreachable (judged by the fleet layer), in the header's count.
         assert [(r.key, r.alert.code) for r in app.alert_log.fleet] == [(("b", "fleet"), "cluster.unreachable")]
         assert info.alerts == 1 + 3 + 3
-        await pilot.press("a")
+        await pilot.press("question_mark")  # the help says what the overview is and how to get around
+        await pilot.pause(0.2)
+        assert "Enter opens a cluster, its nodes live" in plain(app.screen.query_one("#help-body"))
+        await pilot.press("escape", "a")
         await pilot.pause(0.2)
         assert isinstance(app.screen, AlertsScreen)
         await pilot.press("escape")

@@ -32,6 +32,10 @@ from nvmon.tui.widgets.header import HeaderInfo
 from nvmon.wire.mqtt import MqttSettings, quiet_aiomqtt_noise
 
 
+HELP_NOTE = ("Clusters: one row each, from its summary (✗ unreachable: none for 3 of its intervals). Enter opens "
+             "a cluster, its nodes live; Esc there (no filter up) comes back")
+
+
 class ClusterFleetScreen(FleetScreen):
     """A drilled-into cluster's fleet screen: Escape clears the filter, else goes back to the overview."""
 
@@ -49,6 +53,7 @@ class ClustersApp(NvmonApp):
 
     def __init__(self, settings: MqttSettings | None, *, clusters: Sequence[str] = (),
                  board: ClusterBoard | None = None, **kw):
+        kw["notes"] = (*kw.get("notes", ()), HELP_NOTE)  # the help screen's first lines
         super().__init__(settings, **kw)
         self.subscriber = None  # NvmonApp's every-node subscriber is never run: one cluster's only, on Enter
         self.board = board if board is not None else ClusterBoard(clusters, started=self.clock())
