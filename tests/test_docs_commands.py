@@ -59,6 +59,10 @@ from mqtt_broker import MOSQUITTO, Broker
 
 from nvmon.cli import cli
 
+# The blocks run in document order in one shared sandbox (docs/store.md reads README's daemon's
+# history): under pytest-xdist the whole module goes to one worker, in order (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("docs-commands")
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 VENV_BIN = REPO / ".venv" / "bin"

@@ -352,7 +352,7 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("topic_,payload,reason", HOSTILE)
+@pytest.mark.parametrize("topic_,payload,reason", HOSTILE, ids=[f"{i}-{r}" for i, (_, _, r) in enumerate(HOSTILE)])
 def test_hostile_message_is_counted_and_dropped(topic_, payload, reason):
     st_ = FleetState()
     assert st_.apply(topic_, payload, T0) is False
