@@ -19,9 +19,10 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
 
+from textual.binding import Binding
+
 from nvmon.fleet.alerting import FleetAlerts, blind_now
 from nvmon.fleet.clusters import ClusterBoard, ClusterRules, SummaryWatcher
-from nvmon.fleet.rules import FleetSettings
 from nvmon.fleet.state import FleetState
 from nvmon.fleet.subscriber import FleetSubscriber
 from nvmon.tui.alertlog import AlertLog
@@ -38,6 +39,8 @@ HELP_NOTE = ("Clusters: one row each, from its summary (✗ unreachable: none fo
 
 class ClusterFleetScreen(FleetScreen):
     """A drilled-into cluster's fleet screen: Escape clears the filter, else goes back to the overview."""
+
+    BINDINGS = [Binding("escape", "clear_filter", "Clusters")]  # over FleetScreen's hidden one: in the footer
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#fleet-filter")
