@@ -7,10 +7,11 @@ cluster's full set of silences and acks (nvmon.wire.control has the format).
   `update_shared()`: read the retained set, apply one change, prune what expired, publish the whole
   set back (retained, QoS 1). Last writer wins: two writers within the same second can lose one
   change (the loser's command still printed success); the set is small and changes are rare.
-- Evaluators — the daemon (through its Publisher's connection) and `nvmon fleet` (through a
-  `ControlSubscriber`) — feed each message to a `SharedControls`, which keeps the last good set per
-  cluster (a malformed message is counted, logged and ignored) and gives the engine's form with
-  `controls(now)`; `merge()` adds them to the node's own (SQLite) acks and silences.
+- Evaluators — the daemon (through its Publisher's connection), `nvmon fleet` (through its
+  FleetSubscriber's, off the sample path: nvmon.fleet.subscriber) and the TUI — feed each message
+  to a `SharedControls`, which keeps the last good set per cluster (a malformed message is counted,
+  logged and ignored) and gives the engine's form with `controls(now)`; `merge()` adds them to the
+  node's own (SQLite) acks and silences.
 
 A shared silence applies to its cluster only: it is handed to the engine with `cluster=<its
 cluster>` added to its matchers. Anyone who can write to the broker can write a silence, so an
@@ -27,7 +28,6 @@ evaluator trusts it only so far (docs/alerts.md, "Limits on shared silences"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import logging
 import os
@@ -36,15 +36,12 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import NoReturn
 
-from nvmon.aio import running
 from nvmon.alerts.model import Silence, iso
 from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
 from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription, valid_name
 from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
-from nvmon.wire.mqtt import Backoff, MqttSettings, make_client
-from nvmon.wire.session import MqttSession
+from nvmon.wire.mqtt import MqttSettings, make_client
 
 log = logging.getLogger("nvmon.alerts")
 
@@ -313,50 +310,6 @@ async def find_alerts(settings: MqttSettings, prefix: str, *, cluster: str | Non
                 if a.fingerprint.startswith(prefix):
                     found[(msg.cluster, msg.node, a.fingerprint)] = a
     return [(c, n, a) for (c, n, _), a in sorted(found.items())]
-
-
-# --- evaluators without a connection of their own (nvmon fleet) -------------------------------
-
-
-class ControlSubscriber:
-    """Subscribes `shared` to one cluster's control topic (None: every cluster); reconnects with
-    backoff until cancelled (the shared `MqttSession`). The daemon does not need it: its
-    Publisher's connection listens."""
-
-    def __init__(self, settings: MqttSettings, shared: SharedControls, *, cluster: str | None = None,
-                 backoff: Backoff = Backoff(max_s=10.0)):
-        self.settings, self.shared, self.backoff = settings, shared, backoff
-        self.filter = control_subscription(cluster)
-        self.client_id = _client_id("fleet-controls")
-        self.session = MqttSession(settings, client_id=self.client_id, log=log, what="alerts: shared controls, MQTT",
-                                   backoff=backoff)
-
-    @property
-    def connected(self) -> bool:
-        return self.session.connected
-
-    @property
-    def errors(self) -> int:
-        return self.session.stats.errors
-
-    async def run(self) -> NoReturn:
-        await self.session.run(self._listen, setup=self._subscribe)
-
-    async def _subscribe(self, client) -> None:
-        await client.subscribe(self.filter, qos=1)
-
-    async def _listen(self, client) -> None:
-        log.info("alerts: listening for shared acks and silences on %s", self.filter)
-        async for m in client.messages:
-            self.shared.apply(str(m.topic), bytes(m.payload))
-
-
-@contextlib.asynccontextmanager
-async def listening(settings: MqttSettings, shared: SharedControls, *, cluster: str | None = None):
-    """`async with listening(settings, shared):` runs a ControlSubscriber for the block."""
-    sub = ControlSubscriber(settings, shared, cluster=cluster)
-    async with running(sub.run(), name="nvmon.alerts.shared"):
-        yield sub
 
 
 def shared_ack(fingerprint: str, starts_at: float, now: float, by: str | None) -> Callable[[ControlSet], ControlSet]:

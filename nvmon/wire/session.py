@@ -1,6 +1,5 @@
 """One reconnecting MQTT connection, the one every nvmon MQTT client runs on: the daemon's
-`Publisher`, the fleet's `FleetSubscriber`, the shared-controls `ControlSubscriber`, and each node
-of the load generator.
+`Publisher`, the fleet's `FleetSubscriber`, and each node of the load generator.
 
 `await MqttSession(settings, client_id=..., log=...).run(on_connect)` connects, awaits
 `on_connect(client)` (the client's own work, which ends when the connection drops: aiomqtt raises
