@@ -19,6 +19,7 @@ from mqtt_broker import Broker, free_port, needs_mosquitto, wait_until
 from test_fleet_service import Proc, fleet_config, pages
 
 from nvmon.alerts.model import fingerprint
+from nvmon.fleet.clusters import ClusterBoard
 from nvmon.tui.clusters_app import ClusterFleetScreen, ClustersApp
 from nvmon.tui.screens.alerts import AlertsScreen
 from nvmon.tui.screens.clusters import ClustersScreen
@@ -28,6 +29,7 @@ pytestmark = needs_mosquitto
 
 BRIDGE_CONF = Path(__file__).resolve().parent.parent / "docs" / "mosquitto" / "bridge-cluster.conf"
 NODES = 3
+STALE_INTERVALS = 5
 
 
 def bridged_broker(tmp: Path, cluster: str, central: Broker) -> Broker:
@@ -52,8 +54,10 @@ def rows(app) -> dict[str, list[str]]:
 
 async def test_two_bridged_clusters_overview_drill_in_and_one_alert_for_a_lost_bridge(tmp_path):
     summaries = tmp_path / "summaries.toml"
-    summaries.write_text("[fleet]\nsummary_every_s = 1\n")  # fast for the test: unreachable after 3 s
-    central_cfg, out = fleet_config(tmp_path, "[fleet]\nsummary_stale_intervals = 3\n")
+    summaries.write_text("[fleet]\nsummary_every_s = 1\n")  # fast for the test
+    # Unreachable after 5 s without a summary: late enough that a starved test machine does not page a
+    # live cluster, soon enough for a short test.
+    central_cfg, out = fleet_config(tmp_path, f"[fleet]\nsummary_stale_intervals = {STALE_INTERVALS}\n")
     procs: list[Proc] = []
     with Broker(tmp_path) as central:
         brokers = {c: bridged_broker(tmp_path, c, central) for c in ("ca", "cb")}
@@ -68,7 +72,8 @@ async def test_two_bridged_clusters_overview_drill_in_and_one_alert_for_a_lost_b
                            str(central_cfg), "--db", str(tmp_path / "central.db")).start()
             procs.append(watcher)
 
-            app = ClustersApp(MqttSettings(url=central.url), clusters=())
+            app = ClustersApp(MqttSettings(url=central.url), clusters=(),
+                              board=ClusterBoard(stale_intervals=STALE_INTERVALS))
             async with app.run_test(size=(140, 30)) as pilot:
                 # The overview: both clusters, from their bridged summaries, every node online.
                 await wait_until(lambda: all(v.summary is not None and v.summary.nodes.online == NODES
