@@ -127,6 +127,12 @@ def test_without_cluster_the_tui_opens_on_the_overview_when_the_broker_holds_sev
             assert started.pop() == expected and time.monotonic() - t0 < 2.5
         r = CliRunner().invoke(tui_command, ["--broker", broker.url, "--cluster", "a"])  # one named: its nodes
         assert r.exit_code == 0 and started.pop() == ("NvmonApp", "a")
+        cfg = tmp_path / "fleet.toml"
+        cfg.write_text("[fleet]\nsummary_stale_intervals = 7\n")
+        monkeypatch.setattr("nvmon.tui.clusters_app.ClustersApp.run", lambda self: started.append(
+            (self.watched, self.board.stale_intervals)))
+        r = CliRunner().invoke(tui_command, ["--broker", broker.url, "--cluster", "a,b", "--config", str(cfg)])
+        assert r.exit_code == 0 and started.pop() == (("a", "b"), 7.0)
     t0 = time.monotonic()
     r = CliRunner().invoke(tui_command, ["--broker", broker.url])  # the broker is gone: the TUI says so itself
     assert r.exit_code == 0 and started.pop() == ("NvmonApp", None) and time.monotonic() - t0 < 2.5

@@ -31,7 +31,9 @@ def check_clusters(ctx, param, value: str | None) -> tuple[str, ...] | None:
 @broker_options(broker_help=f"Default: --config's [mqtt] broker, else {DEFAULT_BROKER}.")
 @click.option("--config", "config_path", default=None, metavar="PATH", type=click.Path(dir_okay=False, path_type=Path),
               help="A daemon or fleet TOML config: its [mqtt] broker, user, password and TLS files, and "
-                   "[alerts] max_silence_h (the longest shared silence shown as applied, and x's cap).")
+                   "[alerts] max_silence_h (the longest shared silence shown as applied, and x's cap), [fleet] "
+                   "summary_stale_intervals (the cluster overview's unreachable), and its other [fleet] keys "
+                   "for one cluster's nodes (stale_after_intervals, the caps and expiry: as nvmon fleet).")
 @click.option("--cluster", "clusters", callback=check_clusters, metavar="NAME[,NAME...]|+",
               help="Show one cluster's nodes; or, for several (a,b) or every one (+), open on a cluster overview "
                    "built from their summaries (nvmon fleet publishes them), subscribing to a cluster's nodes only "
@@ -68,6 +70,14 @@ def tui_command(broker: BrokerFlags, config_path: Path | None, clusters: tuple[s
         from nvmon.tui.app import NvmonApp
 
         caps = {"max_silence_s": cfg.alerts.max_silence_h * 3600} if cfg is not None else {}
+        state = None
+        if cfg is not None and "fleet" in cfg.model_fields_set:  # the fleet's caps and expiry, as nvmon fleet's
+            from nvmon.fleet.state import FleetState
+
+            f = cfg.fleet
+            state = FleetState(stale_factor=f.stale_after_intervals, max_nodes=f.max_nodes, max_clusters=f.max_clusters,
+                               max_without_inventory=f.max_nodes_without_inventory,
+                               forget_without_inventory_s=f.forget_without_inventory_s)
         if clusters is None:  # the broker holds several clusters' summaries: open on their overview
             import asyncio
 
@@ -78,9 +88,11 @@ def tui_command(broker: BrokerFlags, config_path: Path | None, clusters: tuple[s
         if clusters is not None and len(clusters) != 1:  # several, or every one (+): the overview
             from nvmon.tui.clusters_app import ClustersApp
 
-            ClustersApp(settings, clusters=clusters, rack_budget_kw=rack_budget_kw, **caps).run()
+            stale = {"stale_intervals": cfg.fleet.summary_stale_intervals} if cfg is not None else {}
+            ClustersApp(settings, clusters=clusters, rack_budget_kw=rack_budget_kw, **caps, **stale).run()
         else:
-            NvmonApp(settings, cluster=clusters[0] if clusters else None, rack_budget_kw=rack_budget_kw, **caps).run()
+            NvmonApp(settings, cluster=clusters[0] if clusters else None, rack_budget_kw=rack_budget_kw, state=state,
+                     **caps).run()
     finally:  # as it was: the process may go on (tests run the command in-process)
         for lg, propagate, level in saved:
             lg.removeHandler(handler)

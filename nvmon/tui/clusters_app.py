@@ -22,7 +22,7 @@ from dataclasses import replace
 from textual.binding import Binding
 
 from nvmon.fleet.alerting import FleetAlerts, blind_now
-from nvmon.fleet.clusters import ClusterBoard, ClusterRules, SummaryWatcher
+from nvmon.fleet.clusters import DEFAULT_STALE_INTERVALS, ClusterBoard, ClusterRules, SummaryWatcher
 from nvmon.fleet.state import FleetState
 from nvmon.fleet.subscriber import FleetSubscriber
 from nvmon.tui.alertlog import AlertLog
@@ -52,14 +52,16 @@ class ClusterFleetScreen(FleetScreen):
 
 class ClustersApp(NvmonApp):
     """See the module docstring. `clusters`: the clusters to show, () for every cluster whose summary
-    is on the broker. Without settings, it shows the `board` (and `state`) it was given (tests)."""
+    is on the broker; `stale_intervals`: a cluster is unreachable after this many of its summary
+    intervals without one. Without settings, it shows the `board` (and `state`) it was given (tests)."""
 
     def __init__(self, settings: MqttSettings | None, *, clusters: Sequence[str] = (),
-                 board: ClusterBoard | None = None, **kw):
+                 board: ClusterBoard | None = None, stale_intervals: float = DEFAULT_STALE_INTERVALS, **kw):
         kw["notes"] = (*kw.get("notes", ()), HELP_NOTE)  # the help screen's first lines
         super().__init__(settings, **kw)
         self.subscriber = None  # NvmonApp's every-node subscriber is never run: one cluster's only, on Enter
-        self.board = board if board is not None else ClusterBoard(clusters, started=self.clock())
+        self.board = board if board is not None else ClusterBoard(clusters, stale_intervals=stale_intervals,
+                                                                  started=self.clock())
         self.watched = tuple(clusters)
         self.watcher = (SummaryWatcher(settings, self.board, clusters=clusters, controls=self.controls.apply,
                                        clock=self.clock) if settings is not None else None)
