@@ -220,7 +220,7 @@ class Pager:
 def test_one_alert_per_unreachable_cluster_through_the_engine():
     assert CODES["cluster.unreachable"].severity == "critical" and "cluster.unreachable" in FLEET_CODES
     rules = fleet_rules(FleetSettings(watch="summaries", summary_stale_intervals=3.0))
-    assert isinstance(rules, ClusterRules)
+    assert isinstance(rules, ClusterRules) and list(rules.book) == ["cluster.unreachable"]
     board = rules.board
     board.started = T0
     pager = Pager()
@@ -251,8 +251,9 @@ def test_one_alert_per_unreachable_cluster_through_the_engine():
 
 
 def test_nodes_mode_rules_and_settings():
-    rules = fleet_rules(FleetSettings())
-    assert type(rules) is FleetRules and "cluster.unreachable" in rules.book
+    rules = fleet_rules(FleetSettings(rules={"rack.power": {"for_s": 5}}))
+    assert type(rules) is FleetRules and "cluster.unreachable" not in rules.book and rules.book["rack.power"].for_s == 5
+    assert set(rules.book) == set(FLEET_CODES) - {"cluster.unreachable"}
     assert FleetSettings().summary_every_s == 10.0 and FleetSettings().watch == "nodes"
     with pytest.raises(ValueError):
         FleetSettings(watch="everything")

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from nvmon.aio import running
-from nvmon.alerts.model import fingerprint
+from nvmon.alerts.model import FLEET_CODES, fingerprint
 from nvmon.alerts.rules import Condition
-from nvmon.fleet.rules import FleetRules, FleetSettings, Identity, Place, _age
+from nvmon.fleet.rules import FleetRuleOverride, FleetRules, FleetSettings, Identity, Place, _age
 from nvmon.fleet.state import FleetState
 from nvmon.fleet.subscriber import SubscriberStatus, subscribed
 from nvmon.fleet.view import status_time
@@ -42,6 +42,7 @@ from nvmon.wire.summary import ClusterSummary, parse_summary, parse_summary_topi
 
 log = logging.getLogger("nvmon.fleet")
 
+CODE = "cluster.unreachable"
 DEFAULT_STALE_INTERVALS = 3.0
 MIN_GRACE_S = 2.0  # a summary is late only past its interval plus this (the publisher ticks twice a second)
 UNHEARD_AFTER_S = 30.0  # a cluster named on the command line that never sent a summary: unreachable after this
@@ -228,11 +229,15 @@ class SummaryWatcher:
 
 def fleet_rules(settings: FleetSettings, clusters: Sequence[str] = ()) -> FleetRules:
     """The rules `nvmon fleet` runs: the fleet rules over nodes, or (`watch = "summaries"`) the
-    cluster rule over the summaries of `clusters` (every cluster's when none)."""
-    if settings.watch == "summaries":
-        return ClusterRules(settings, ClusterBoard(clusters, stale_intervals=settings.summary_stale_intervals,
-                                                   max_clusters=settings.max_clusters))
-    return FleetRules(settings)
+    cluster rule over the summaries of `clusters` (every cluster's when none). Each book holds only
+    the rules that can hold there (the log line at start lists them)."""
+    summaries = settings.watch == "summaries"
+    off = {code: FleetRuleOverride(enabled=False) for code in FLEET_CODES if (code == CODE) != summaries}
+    only = settings.model_copy(update={"rules": {**settings.rules, **off}})
+    if summaries:
+        return ClusterRules(only, ClusterBoard(clusters, stale_intervals=settings.summary_stale_intervals,
+                                               max_clusters=settings.max_clusters))
+    return FleetRules(only)
 
 
 @contextlib.asynccontextmanager
