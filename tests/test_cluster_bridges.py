@@ -122,6 +122,9 @@ async def test_two_bridged_clusters_overview_drill_in_and_one_alert_for_a_lost_b
                 await wait_until(lambda: isinstance(app.screen, AlertsScreen), 5, "the alerts screen")
             for p in (watcher, *procs):
                 assert "Traceback" not in p.text(), p.text()[-2000:]
+            # Each instance's book holds what it can judge: the central one the cluster rule alone.
+            assert "rules: cluster.unreachable; alert state in" in watcher.text()
+            assert "node.offline" in procs[1].text() and "cluster.unreachable" not in procs[1].text()
         finally:
             for p in procs:
                 if p.proc is not None and p.proc.poll() is None:
