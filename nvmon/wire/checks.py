@@ -13,7 +13,7 @@ from itertools import chain
 from operator import is_not
 from typing import Any
 
-from nvmon.wire.contract import MAX_GPUS, MAX_LABELS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_TEXT, WireError
+from nvmon.wire.contract import MAX_GPUS, MAX_LABELS, MAX_NAME, MAX_PAYLOAD_BYTES, MAX_TEXT, SCHEMA, WireError
 
 MAX_RATE = 1e15  # bytes/s: a petabyte per second is not a measurement
 MAX_TS = 1e11  # unix seconds, year ~5138
@@ -42,6 +42,20 @@ def loads(payload: object) -> Any:
         raise WireError(f"invalid JSON: {e.msg} at byte {e.pos}") from None
     except ValueError:  # int() refuses literals past 4300 digits; every range check is far below
         raise WireError("invalid JSON: number literal too long") from None
+
+
+def envelope(payload: object, what: str, cluster: str | None = None) -> dict:
+    """The JSON object every topic's payload is, with this reader's schema (and, for a cluster's
+    own topics, the cluster its topic names); raises WireError naming `what` otherwise."""
+    d = loads(payload)
+    if not isinstance(d, dict):
+        raise WireError(f"{what}: expected a JSON object, got {type(d).__name__}")
+    schema = d.get("schema")
+    if type(schema) is not int or schema != SCHEMA:
+        raise WireError(f"{what}: unknown schema {str(schema)[:12]!r} (this reader knows {SCHEMA})")
+    if cluster is not None and d.get("cluster") != cluster:
+        raise WireError(f"{what}: cluster disagrees with the topic")
+    return d
 
 
 def fail(path: str, want: str, got: object) -> WireError:

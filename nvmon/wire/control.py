@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from nvmon.wire.checks import MAX_TS, array, loads, number, obj, text
+from nvmon.wire.checks import MAX_TS, array, envelope, number, obj, text
 from nvmon.wire.contract import MAX_NAME, SCHEMA, PayloadTooLarge, WireError, parse_control_topic
 from nvmon.wire.payloads import encode
 
@@ -172,14 +172,7 @@ def read_controls(cluster: str, payload: object) -> ControlSet:
     empty set. Raises WireError (one line) for anything off-contract."""
     if isinstance(payload, (bytes, bytearray, memoryview)) and len(payload) == 0:
         return empty(cluster)
-    d = loads(payload)
-    if not isinstance(d, dict):
-        raise WireError(f"controls: expected a JSON object, got {type(d).__name__}")
-    schema = d.get("schema")
-    if type(schema) is not int or schema != SCHEMA:
-        raise WireError(f"controls: unknown schema {str(schema)[:12]!r} (this reader knows {SCHEMA})")
-    if d.get("cluster") != cluster:
-        raise WireError("controls: cluster disagrees with the topic")
+    d = envelope(payload, "controls", cluster)
     silences = tuple(_silence(x, f"silences[{i}]")
                      for i, x in enumerate(array(d.get("silences", []), "silences", MAX_SILENCES)))
     if len({s.id for s in silences}) != len(silences):

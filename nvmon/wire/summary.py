@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from nvmon.wire.checks import MAX_TS, array, integer, loads, number, obj, text
+from nvmon.wire.checks import MAX_TS, array, envelope, integer, number, obj, text
 from nvmon.wire.contract import (ALERT_SEVERITIES, MAX_NAME, SCHEMA, TOPIC_ROOT, PayloadTooLarge, WireError,
                                  valid_name)
 from nvmon.wire.payloads import encode
@@ -249,14 +249,7 @@ def _rack(v: object, path: str) -> RackLine:
 def read_summary(cluster: str, payload: object) -> ClusterSummary:
     """Decode the summary of `cluster`. Raises WireError (one line) for anything off-contract,
     an empty payload (a cleared retained topic) included: the caller forgets the cluster."""
-    d = loads(payload)
-    if not isinstance(d, dict):
-        raise WireError(f"summary: expected a JSON object, got {type(d).__name__}")
-    schema = d.get("schema")
-    if type(schema) is not int or schema != SCHEMA:
-        raise WireError(f"summary: unknown schema {str(schema)[:12]!r} (this reader knows {SCHEMA})")
-    if d.get("cluster") != cluster:
-        raise WireError("summary: cluster disagrees with the topic")
+    d = envelope(payload, "summary", cluster)
     alerts = tuple(_alert(x, f"alerts[{i}]") for i, x in enumerate(array(d.get("alerts", []), "alerts",
                                                                           MAX_ALERT_KINDS)))
     if len({(a.code, a.severity) for a in alerts}) != len(alerts):
