@@ -121,7 +121,7 @@ def test_nodes_shows_board_and_driver_from_each_inventory(fleet):
     table = nvmon("nodes", "--broker", fleet.url, "--cluster", C, "--settle", "1.5")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["NODE", "RACK", "BOARD", "DRIVER", "LIVENESS", "AGE", "VERSION", "ALERTS"]
+    assert lines[0].split() == ["NODE", "RACK", "BOARD", "DRIVER", "LIVENESS", "AGE", "VERSION", "ALERTS", "FLAGS"]
     by_node = {ln.split()[0]: ln for ln in lines[1:]}
     assert set(by_node) == {"sim-000", "sim-001", "sim-002", "sim-003", "dead", "stopped"}
     assert by_node["sim-002"].split()[:5] == ["sim-002", "rack-01", "8×A100-PCIe", "pairs", "550.54.15"]

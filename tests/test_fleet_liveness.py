@@ -108,7 +108,8 @@ async def test_nodes_lists_liveness_and_forget_clears_a_dead_node(tmp_path):
             table = nvmon("nodes", "--broker", broker.url, "--cluster", C, "--settle", "1")
             assert table.returncode == 0, table.stderr
             lines = table.stdout.splitlines()
-            assert lines[0].split() == ["NODE", "RACK", "BOARD", "DRIVER", "LIVENESS", "AGE", "VERSION", "ALERTS"]
+            assert lines[0].split() == ["NODE", "RACK", "BOARD", "DRIVER", "LIVENESS", "AGE", "VERSION", "ALERTS",
+                                        "FLAGS"]
             assert len(lines) == 4
             assert any(ln.split()[:6] == ["dead", "-", "-", "-", "offline", "(lost)"] and "≤6m" in ln for ln in lines)
 

@@ -58,7 +58,8 @@ def node_rows(state, now: float) -> list[dict]:
             "age_s": round(live.age_s, 1), "age_exact": live.exact,
             "version": st.version if st is not None else None,
             "interval_s": st.interval_s if st is not None else None,
-            "alerts": v.alert_counts(), "clock_skew_s": v.clock_skew_s, **board(v.inventory),
+            "alerts": v.alert_counts(), "clock_skew_s": None if v.clock_skew_s is None else round(v.clock_skew_s, 1),
+            "duplicate": v.duplicate, **board(v.inventory),
         })
     return out
 
@@ -67,7 +68,8 @@ def select(rows: list[dict], *, patterns: tuple[str, ...] = (), rack: str | None
            states: tuple[str, ...] = (), problems: bool = False) -> list[dict]:
     """The rows that pass every filter given: a node name matching one of `patterns` (shell-style
     globs), a rack matching `rack`, a liveness in `states` (or, for `lost` / `stopped`, an offline
-    node with that reason), and with `problems` a node that is not online or has active alerts."""
+    node with that reason), and with `problems` a node that is not online, has active alerts, or
+    that the fleet state found claimed by two daemons or with its clock off (`flags`)."""
     out = []
     for r in rows:
         if patterns and not any(fnmatch.fnmatchcase(r["node"], p) for p in patterns):
@@ -76,22 +78,31 @@ def select(rows: list[dict], *, patterns: tuple[str, ...] = (), rack: str | None
             continue
         if states and r["liveness"] not in states and not (r["liveness"] == "offline" and r["reason"] in states):
             continue
-        if problems and r["liveness"] == "online" and not any(r["alerts"].values()):
+        if problems and r["liveness"] == "online" and not any(r["alerts"].values()) and not flags(r):
             continue
         out.append(r)
     return out
 
 
+def flags(r: dict) -> list[str]:
+    """What the fleet state found about a node itself (nvmon.fleet.guard's findings, formatted):
+    '2 daemons' (a duplicate node name), 'clock +5m' (its clock ahead, '-' behind, beyond the bound)."""
+    out = ["2 daemons"] if r["duplicate"] is not None else []
+    if r["clock_skew_s"] is not None:
+        out.append(f"clock {'+' if r['clock_skew_s'] > 0 else '-'}{age_text(abs(r['clock_skew_s']))}")
+    return out
+
+
 def _table(rows: list[dict], with_cluster: bool) -> str:
     head = (["CLUSTER"] if with_cluster else []) + ["NODE", "RACK", "BOARD", "DRIVER", "LIVENESS", "AGE", "VERSION",
-                                                    "ALERTS"]
+                                                    "ALERTS", "FLAGS"]
     lines = [head]
     for r in rows:
         live = r["liveness"] + (f" ({r['reason']})" if r["reason"] else "")
         age = ("≤" if not r["age_exact"] else "") + age_text(r["age_s"])  # as the TUI writes it
         alerts = " ".join(f"{n} {sev}" for sev, n in sorted(r["alerts"].items())) or "-"
         line = [r["node"], r["rack"] or "-", r["board"] or "-", r["driver"] or "-", live, age, r["version"] or "-",
-                alerts]
+                alerts, ", ".join(flags(r)) or "-"]
         lines.append(([r["cluster"]] if with_cluster else []) + [_printable(c) for c in line])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
@@ -122,7 +133,8 @@ def _settle_option(f):
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES),
               help="Only nodes in this state (repeatable): online, stale, offline, or lost / stopped "
                    "(offline by the will, or stopped cleanly).")
-@click.option("--problems", is_flag=True, help="Only nodes that are not online or have active alerts.")
+@click.option("--problems", is_flag=True,
+              help="Only nodes that are not online, have active alerts, or have a FLAG (two daemons, clock off).")
 @_settle_option
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of node objects instead of the table.")
 def nodes_command(patterns: tuple[str, ...], broker: BrokerFlags, config_path: Path | None, cluster: str | None,
@@ -130,13 +142,15 @@ def nodes_command(patterns: tuple[str, ...], broker: BrokerFlags, config_path: P
                   as_json: bool) -> None:
     """List a fleet's nodes with their liveness, as the broker has them: one line per node (rack,
     board and driver from its inventory, online / stale / offline and why, since when, daemon
-    version, active alerts). NODE_GLOBs (e.g. 'gpu-0*') pick nodes by name; the filters combine.
+    version, active alerts, flags). NODE_GLOBs (e.g. 'gpu-0*') pick nodes by name; the filters combine.
 
     \b
     The age of an offline node comes from its status's own timestamp; `≤6m` (age_exact false in
     --json) is a will found retained: silent for at most that long. BOARD is GPU count × the
-    spec's model key and the board's topology class ('-': no inventory seen). Exit 0 once listed,
-    whether or not a node matched.
+    spec's model key and the board's topology class ('-': no inventory seen). FLAGS: '2 daemons'
+    (two publish as this node; its evidence in --json's duplicate), 'clock +5m' (its clock ahead,
+    '-' behind, beyond what its timestamps are trusted to). Exit 0 once listed, whether or not a
+    node matched.
     """
     for p in (*patterns, *([rack_glob] if rack_glob is not None else [])):
         if not p or len(p) > 200 or not p.isprintable():

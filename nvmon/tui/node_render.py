@@ -83,6 +83,14 @@ def info(view: NodeView, now: float) -> Text:
         out.append(f"  {SYMBOL[WARN]} layout changed, waiting for the new inventory", WARN)
     if view.dropped:
         out.append(f"  {SYMBOL[WARN]} {view.dropped} bad messages dropped", WARN)
+    if view.duplicate is not None:  # the fleet's finding (nvmon.fleet.guard), its evidence as it said it
+        out.append(f"\n{SYMBOL[WARN]} two daemons publish as this node: ", WARN)
+        out.append(clean(view.duplicate, 200))
+        out.append(" (give each its own node name)", DIM)
+    if view.clock_skew_s is not None:
+        skew = view.clock_skew_s
+        out.append(f"\n{SYMBOL[WARN]} its clock is {age(abs(skew))} {'ahead of' if skew > 0 else 'behind'} this "
+                   "viewer's: its timestamps are not trusted, its messages dated by arrival", WARN)
     if view.labels:
         out.append("\nlabels ", DIM)
         for i, (k, v) in enumerate(sorted(view.labels.items())):

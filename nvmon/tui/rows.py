@@ -85,7 +85,15 @@ def c_node(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
 
 def c_status(v: NodeView, live: Liveness) -> tuple[Segment, ...]:
     if live.state == "online":
-        return _mark(WARN, "layout?") if v.inventory_stale else _mark(OK, "online")
+        if v.inventory_stale:
+            return _mark(WARN, "layout?")
+        if v.duplicate is not None:  # the fleet found two daemons publishing as this node (nvmon.fleet.guard)
+            return _fit("status", (_mark(WARN, "2 daemons"), ((f"{SYMBOL[WARN]}2 daemons", WARN),), _mark(WARN, "dup")))
+        if v.clock_skew_s is not None:  # the fleet found its clock off beyond the bound: samples dated by arrival
+            off = f"{'+' if v.clock_skew_s > 0 else '-'}{age(abs(v.clock_skew_s))}"
+            return _fit("status", (_mark(WARN, f"clock {off}"), ((f"{SYMBOL[WARN]}clock {off}", WARN),),
+                                   _mark(WARN, f"skew {off}"), ((f"{SYMBOL[WARN]}skew {off}", WARN),)))
+        return _mark(OK, "online")
     if live.state == "stale":
         style, word, bound = WARN, "stale", ""
     else:
@@ -274,7 +282,8 @@ def _badness(v: NodeView, column: str) -> int:
 
 
 def s_status(v, live):
-    return (_LIVE_RANK[live.state], v.inventory_stale, live.age_s if live.state != "online" else 0)
+    return (_LIVE_RANK[live.state], v.inventory_stale, v.duplicate is not None, v.clock_skew_s is not None,
+            live.age_s if live.state != "online" else 0)
 
 
 def s_gpus(v, live):
@@ -325,7 +334,9 @@ def _summary_num(name: str):
 
 COLUMNS: tuple[Column, ...] = (
     Column("node", "Node", 6, c_node, lambda v, live: v.node, "node name", descending=False),
-    Column("status", "Status", 11, c_status, s_status, "✓ online, ⚠ stale (no tick for 3 intervals), ✗ lost/off, with age"),
+    Column("status", "Status", 11, c_status, s_status,
+           "✓ online, ⚠ stale (no tick for 3 intervals), ✗ lost/off, with age; ⚠ 2 daemons: two publish as "
+           "this node, ⚠ clock +5m: its clock is off (+ ahead, - behind)"),
     Column("alerts", "Alerts", 7, c_alerts, s_alerts, "active alerts: ✗ critical, ⚠ warning, ℹ info"),
     Column("links", "Links", 10, c_links, s_links,
            "NVLink links up / expected; ✗ pairs / partial: not all-to-all, ✗ fabric: the GPU fabric is not "
@@ -362,6 +373,8 @@ def row_segments(v: NodeView, live: Liveness) -> tuple[tuple[Segment, ...], ...]
 def is_problem(v: NodeView, live: Liveness) -> bool:
     """Anything a ⚠ or ✗ would mark in the row."""
     if live.state != "online" or v.inventory_stale or v.alert_counts():
+        return True
+    if v.duplicate is not None or v.clock_skew_s is not None:  # the fleet's findings about the node itself
         return True
     s = v.summary
     if s is None:
