@@ -152,7 +152,8 @@ def main() -> None:
             children.append(fleet)
             procs["nvmon fleet"] = psutil.Process(fleet.pid)
             if a.tui and shutil.which("tmux"):
-                cmd = f"exec {sys.executable} -m nvmon tui --broker {url} --cluster {cluster}"
+                # the fleet's config: the TUI forgets the fakes after --forget-after too
+                cmd = f"exec {sys.executable} -m nvmon tui --broker {url} --cluster {cluster} --config {cfg}"
                 subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "48", cmd], check=True)
                 time.sleep(1)
                 pid = _tui_pid(session)
