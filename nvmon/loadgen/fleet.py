@@ -28,7 +28,7 @@ from nvmon.loadgen.boards import Board, NodeIdentity
 from nvmon.sim.profiles import PROFILES
 from nvmon.sim.scenario import SimSpecError, parse_scenario
 from nvmon.wire.contract import DELIVERY, topic, valid_name
-from nvmon.wire.mqtt import Backoff, MqttSettings
+from nvmon.wire.mqtt import Backoff, MqttSettings, write_at_once
 from nvmon.wire.payloads import status_payload
 from nvmon.wire.session import MqttSession
 
@@ -186,6 +186,7 @@ class SimFleet:
 
     async def _serve(self, client, node: _Node, t0: float) -> None:
         """One connection: announce, then a sample in the node's slot of every interval."""
+        write_at_once(client)  # no loop turn and writer callback per packet: a third of its CPU
         await self._publish(client, node, "status", self._status("online"))
         node.layout_gen = node.alerts_gen = -1  # a fresh connection re-announces everything
         while True:
