@@ -34,7 +34,7 @@ from typing import NoReturn
 from nvmon.aio import running
 from nvmon.fleet.state import FleetState
 from nvmon.wire.contract import CONTROL_LEVEL, control_subscription, subscription
-from nvmon.wire.mqtt import Backoff, MqttSettings
+from nvmon.wire.mqtt import Backoff, MqttSettings, read_ahead
 from nvmon.wire.session import MqttSession
 
 log = logging.getLogger("nvmon.fleet")
@@ -202,6 +202,7 @@ class FleetSubscriber:
             await client.subscribe(f, qos=1)
 
     async def _connected(self, client) -> None:
+        read_ahead(client)  # every packet the socket holds in one loop turn, not one per turn
         log.info("fleet: subscribed to %s on %s%s", self.filter, self.settings.url,
                  f"; shared acks and silences on {', '.join(self.controls_filters)}" if self.controls_filters else "")
         await self._consume(client)
