@@ -18,7 +18,6 @@ refusal's message stay the hand-written reader's. What it accepts, it builds int
 from __future__ import annotations
 
 import re
-from itertools import repeat
 from typing import Annotated, Optional, Union
 
 import msgspec
@@ -166,7 +165,7 @@ def sample_tick(payload: object, cluster: str, node: str) -> Tick | None:
 
 
 def _catalog_values(s, n: int) -> list | None:
-    names, columns = [], []
+    columns = []
     for wire, name, divisor, _ in _CATALOG:
         v = getattr(s, wire)
         if v is None:
@@ -177,11 +176,10 @@ def _catalog_values(s, n: int) -> list | None:
             return None
         if divisor is not None:  # sent in the key's units: back to the metric's
             v = [None if x is None else x * divisor for x in v]
-        names.append(name)
-        columns.append(v)
+        columns.append((name, v))
     if not columns:
         return [_NO_VALUES] * n
-    return list(map(dict, map(zip, repeat(names), zip(*columns))))  # per GPU {name: value}, in catalog order
+    return [{name: col[i] for name, col in columns} for i in range(n)]
 
 
 def _sparse_maps(s, n: int, lt: list) -> tuple[list, ...] | None:
