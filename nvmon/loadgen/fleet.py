@@ -35,6 +35,7 @@ from nvmon.wire.session import MqttSession
 log = logging.getLogger("nvmon.loadgen")
 
 CONNECT_CONCURRENCY = 64  # handshakes in flight at once: a big fleet must not stampede the broker
+PUBLISH_SLOTS = 100  # nodes publish in this many slots of the interval, those of a slot in one loop wake-up
 
 
 def node_names(prefix: str, nodes: int) -> list[str]:
@@ -141,7 +142,7 @@ class SimFleet:
                 self.boards[spec] = Board(spec, interval_s=self.interval_s, clock_start=now, workdir=self.workdir)
             node_labels = {**plan.labels, "sim": spec[:256]}
             who = NodeIdentity(self.cluster, name, f"rack-{i * plan.racks // n:0{rack_width}d}", node_labels)
-            node = _Node(who, self.boards[spec], offset_s=self.interval_s * i / n)
+            node = _Node(who, self.boards[spec], offset_s=self.interval_s * (i * PUBLISH_SLOTS // n) / PUBLISH_SLOTS)
             node.topics = {kind: topic(self.cluster, name, kind) for kind in DELIVERY}
             self.nodes.append(node)
 
