@@ -185,6 +185,21 @@ def test_two_publishers_of_one_name_are_reported_once(caplog):
                      "(give each its own node name)"]
 
 
+def test_two_publishers_are_still_twice_the_rate_when_a_busy_aggregator_coalesces(caplog):
+    """Behind, the subscriber keeps each node's newest tick and drops the older (note_replaced):
+    the twin's every other sample is never applied, yet the evidence must not vanish with it."""
+    st = FleetState(stale_factor=3)
+    announce(st, "twin", T0)
+    announce(st, "solo", T0)
+    for i in range(60):
+        st.note_replaced(sample("twin", T0 + i)[0])  # one daemon's tick, replaced in the queue
+        st.apply(*sample("twin", T0 + i + 0.5), T0 + i + 0.5)  # the other's, applied
+        st.apply(*sample("solo", T0 + i), T0 + i)
+    st.note_replaced(topic(C, "never-seen", "sample"))  # a name under no watch: nothing kept for it
+    assert st.nodes[(C, "solo")].duplicate is None
+    assert "two publishers" in (st.nodes[(C, "twin")].duplicate or "") and st.stats.duplicates == 1
+
+
 def test_sessions_taking_turns_and_alternating_hosts_are_reported():
     st = FleetState()
     announce(st, "flip", T0)

@@ -147,6 +147,13 @@ class Claims:
     def forget(self, key: tuple[str, str]) -> None:
         self._claims.pop(key, None)
 
+    def replaced(self, key: tuple[str, str]) -> None:
+        """A tick of a node already under watch that a newer one replaced before it was applied (the
+        aggregator was behind): still a sample received, so two publishers stay twice the rate."""
+        c = self._claims.get(key)
+        if c is not None:
+            c.win_ticks += 1
+
     def tick(self, key: tuple[str, str], interval_s: float, now: float) -> str | None:
         c = self._get(key, now)
         window = max(DUP_WINDOW_MIN_S, DUP_WINDOW_INTERVALS * interval_s)

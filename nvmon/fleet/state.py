@@ -347,6 +347,13 @@ class FleetState:
         if len(parts) == 5 and (parts[2], parts[3]) in self._nodes:
             self._seen[(parts[2], parts[3])] = now
 
+    def note_replaced(self, topic: str) -> None:
+        """A tick replaced in the subscriber's queue by the same node's newer one, never applied:
+        counted for the two-daemons rate (guard.Claims), which would otherwise miss it under load."""
+        parts = topic.split("/")
+        if len(parts) == 5:
+            self._claims.replaced((parts[2], parts[3]))
+
     def sweep(self, now: float) -> set[NodeKey]:
         """Re-judge liveness at `now`; nodes that went stale (or back) count as changed."""
         for key, seen in self._seen.items():

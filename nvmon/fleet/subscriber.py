@@ -224,6 +224,7 @@ class FleetSubscriber:
         follows a tick still wins.
         """
         apply, note_seen, rate, clock = self.state.apply, self.state.note_seen, self._rate, self.clock
+        note_replaced = self.state.note_replaced
         controls, control_suffix, control_in = self.controls, "/" + CONTROL_LEVEL, self._control_in
         queue, load = client.messages, _Load()
         pending: OrderedDict[str, tuple[object, float]] = OrderedDict()  # sample topic → (payload, receive time)
@@ -238,6 +239,7 @@ class FleetSubscriber:
             elif topic.endswith("/sample"):
                 if topic in pending:
                     self._coalesced += 1
+                    note_replaced(topic)
                 elif not pending:
                     oldest = now
                 pending[topic] = (message.payload, now)  # a replaced sample keeps its place in line
