@@ -25,11 +25,11 @@ from nvmon.wire.checks import (
     MAX_TS,
     all_ints,
     array,
+    envelope,
     int_rows,
     integer,
     ints,
     labels,
-    loads,
     number,
     nums,
     obj,
@@ -51,7 +51,6 @@ from nvmon.wire.contract import (
     MAX_SUMMARY,
     MAX_XID,
     MAX_XID_EVENTS,
-    SCHEMA,
     STATUS_STATES,
     Alert,
     AlertSet,
@@ -425,11 +424,6 @@ def parse_message(topic: object, payload: object) -> Message:
     cluster, node, kind = parse_topic(topic)
     if kind == "sample" and (tick := sample_tick(payload, cluster, node)) is not None:
         return tick  # the compiled reader took it; anything else is read (or refused) below
-    d = loads(payload)
-    if not isinstance(d, dict):
-        raise WireError(f"{kind}: expected a JSON object, got {type(d).__name__}")
-    schema = d.get("schema")
-    if type(schema) is not int or schema != SCHEMA:
-        raise WireError(f"{kind}: unknown schema {str(schema)[:12]!r} (this reader knows {SCHEMA})")
+    d = envelope(payload, kind)
     ts = number(d.get("ts"), "ts", 0, MAX_TS, null=False)
     return _READERS[kind](d, cluster, node, ts)
