@@ -9,7 +9,7 @@ import re
 import pytest
 from mqtt_broker import free_port
 from textual.widgets import DataTable, Input, Static
-from tuifleet import OFFLINE, STALE, column_plain, make_app, plain, shared_showcase, showcase
+from tuifleet import OFFLINE, STALE, column_plain, header, make_app, plain, shared_showcase, showcase
 
 from nvmon.loadgen.state import T0
 from nvmon.tui.app import NvmonApp
@@ -31,10 +31,6 @@ def table(app) -> FleetTable:
     return app.screen.query_one(FleetTable)
 
 
-def header_text(app) -> str:
-    return plain(app.screen.query_one("#info", Static))
-
-
 async def test_fleet_screen_rows_status_and_problem_symbols():
     sim = shared_showcase()
     app = make_app(sim)
@@ -54,7 +50,7 @@ async def test_fleet_screen_rows_status_and_problem_symbols():
         assert column_plain(t, "power")[4].startswith("⚠cap1 ") and column_plain(t, "temp")[9].startswith("⚠92°C G6")
         assert column_plain(t, "alerts")[5] == "✗1 ⚠1" and column_plain(t, "alerts")[0] == "✓"
         assert column_plain(t, "gpus")[1] == "8×A100 80GB PCIe"
-        head = header_text(app)
+        head = header(app)
         assert "12 nodes ✓10 ⚠1 ✗1" in head and "dropped 0" in head and "fresh" in head
         assert "simulated fleet (fixed clock)" in head and "cluster sim" in head
 

@@ -11,7 +11,7 @@ import time
 
 from mqtt_broker import Broker, needs_mosquitto, wait_until
 from textual.widgets import DataTable, Static
-from tuifleet import column_plain, plain
+from tuifleet import column_plain, header, plain
 
 from nvmon.alerts.shared import shared_silence, update_shared
 from nvmon.fleet.state import FleetState
@@ -42,10 +42,6 @@ def cells(app) -> dict[str, tuple[str, str]]:
     t = app.screen.query_one(DataTable)
     return {c: (s, m) for c, s, m in zip(column_plain(t, "code"), column_plain(t, "state"),
                                          column_plain(t, "shared"))}
-
-
-def header(app) -> str:
-    return plain(app.screen.query_one("#info", Static))
 
 
 async def publish_alerts(url: str, cluster: str, node: str, now: float) -> None:

@@ -6,17 +6,13 @@ came last. Pilot over the real app; the fleet state fed real (bad) wire messages
 from __future__ import annotations
 
 from textual.widgets import Static
-from tuifleet import make_app, plain, showcase
+from tuifleet import header, make_app, plain, showcase
 
 from nvmon.alerts.shared import SharedControls
 from nvmon.tui.screens.help import HelpScreen
 from nvmon.wire.contract import control_topic, topic
 
 SIZE = (160, 48)
-
-
-def header(app) -> str:
-    return plain(app.screen.query_one("#info", Static))
 
 
 async def test_the_last_drop_is_in_the_header_and_whole_in_the_help():

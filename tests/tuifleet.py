@@ -54,3 +54,10 @@ def plain(widget) -> str:
     console = Console(width=400, file=io.StringIO(), color_system=None, record=True, legacy_windows=False)
     console.print(widget.content)
     return console.export_text()
+
+
+def header(app) -> str:
+    """The screen's header line (`#info`), as plain text."""
+    from textual.widgets import Static
+
+    return plain(app.screen.query_one("#info", Static))
