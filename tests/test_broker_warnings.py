@@ -24,10 +24,20 @@ LOG = logging.getLogger("nvmon.test.warnings")
 SECTION = 'docs/install.md, "Securing nvmon"'
 
 
-async def idle(client) -> None:
+async def subscribe(client) -> None:
     await client.subscribe("t/#", qos=1)
+
+
+async def idle(client) -> None:
     async for _ in client.messages:
         pass
+
+
+def running(s: MqttSession, name: str):
+    """The session until the block ends; `connected` means subscribed (the subscribe is its setup),
+    so a block that ends at `connected` never cancels a subscribe whose SUBACK is on its way (aiomqtt
+    would log the late SUBACK as an error)."""
+    return aio.running(s.run(idle, setup=subscribe), name=name)
 
 
 def session(settings: MqttSettings) -> MqttSession:
@@ -44,7 +54,7 @@ async def test_an_anonymous_broker_is_said_once_across_reconnects_and_sessions(t
     with Broker(tmp_path) as broker:
         settings = MqttSettings(url=broker.url, keepalive_s=2, timeout_s=2)
         a, b = session(settings), session(settings)  # e.g. nvmon fleet's subscriber and its controls
-        async with aio.running(a.run(idle), name="a"), aio.running(b.run(idle), name="b"):
+        async with running(a, "a"), running(b, "b"):
             await wait_until(lambda: a.connected and b.connected, 5, "both connected")
             broker.restart()
             await wait_until(lambda: a.stats.connects == 2 and b.stats.connects == 2, 10, "both back")
@@ -60,7 +70,7 @@ async def test_a_password_over_plain_mqtt_is_said_before_it_travels(tmp_path, ca
     pw.chmod(0o600)
     with Broker(tmp_path, users={"gpu-001": "s3cret"}) as broker:
         s = session(MqttSettings(url=broker.url, username="gpu-001", password_file=str(pw), timeout_s=2))
-        async with aio.running(s.run(idle), name="s"):
+        async with running(s, "s"):
             await wait_until(lambda: s.connected, 5, "connected")
             broker.restart()
             await wait_until(lambda: s.stats.connects == 2, 10, "back")
@@ -79,7 +89,7 @@ async def test_tls_and_a_login_say_nothing(tmp_path, caplog):
     pw.chmod(0o600)
     with Broker(tmp_path, users={"gpu-001": "s3cret"}, tls=tls) as broker:
         s = session(MqttSettings(url=broker.url, username="gpu-001", password_file=str(pw), ca_file=str(tls.ca)))
-        async with aio.running(s.run(idle), name="s"):
+        async with running(s, "s"):
             await wait_until(lambda: s.connected, 5, "connected")
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
