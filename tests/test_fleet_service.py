@@ -163,6 +163,13 @@ async def test_rack_over_budget_pages_once_and_restart_does_not_page_again(tmp_p
             assert (a["status"], a["rack"], a["node"], a["threshold"]) == ("firing", "rack-00", None, 5)
             assert a["value"] > 5 and "over its 5 kW budget (3 nodes reporting" in a["summary"]
             assert len(pages(out)) == 1  # nothing else: healthy nodes, a budget-less rack elsewhere
+            # A second `nvmon fleet` on the same --db would share its alert state and outbox: refused.
+            second = subprocess.run([*fleet(tmp_path, broker.url, cluster, cfg, db, name="second").args],
+                                    capture_output=True, text=True, timeout=30)
+            assert second.returncode == 1 and second.stderr == (
+                f"nvmon: database {db} is in use by another nvmon process (pid {f.proc.pid}, lock fleet.db.lock); "
+                "give each daemon or fleet its own --db\n"), second.stderr
+            assert f.proc.poll() is None
             rc, took = f.stop()
             assert rc == 0 and took < 2.0, f.text()
 

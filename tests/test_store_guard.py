@@ -108,7 +108,7 @@ def test_a_tool_beside_the_daemon_does_not_guard(tmp_path):
     tool.write(tick(0))  # not refused by the daemon's lock
     with pytest.raises(StoreError) as e:
         Store(path, owner=True).lock()
-    assert e.value.code == "LOCKED" and f"database {path} is in use by another nvmon daemon (pid {os.getpid()}" in \
+    assert e.value.code == "LOCKED" and f"database {path} is in use by another nvmon process (pid {os.getpid()}" in \
         str(e.value)
     tool.close()
     daemon.close()
@@ -237,8 +237,8 @@ def test_a_second_daemon_on_the_same_database_refuses_in_one_line(tmp_path):
         second = daemon(tmp_path, db, "a100-b")
         _, err = second.communicate(timeout=30)
         assert second.returncode == 1 and err.count("\n") == 1, err
-        assert err == f"nvmon: database {db} is in use by another nvmon daemon (pid {first.pid}, lock " \
-                      f"nvmon.db.lock); give each daemon its own --db / store.path\n"
+        assert err == f"nvmon: database {db} is in use by another nvmon process (pid {first.pid}, lock " \
+                      f"nvmon.db.lock); give each daemon or fleet its own --db\n"
         assert first.poll() is None  # the first one never noticed
     finally:
         first.kill()  # kill -9: the lock goes with the process

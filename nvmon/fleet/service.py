@@ -107,7 +107,9 @@ async def run_fleet(cfg: FleetConfig, settings, *, clusters: tuple[str, ...] = (
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
-    store = Store(db, alert_retention_s=cfg.alerts.keep_resolved_d * 86400)
+    # The file's owner, as a daemon is of its own (nvmon/store/store.py): `<db>.lock` keeps a second
+    # `nvmon fleet` off this file and its outbox, and a corrupt file is set aside at the start.
+    store = Store(db, alert_retention_s=cfg.alerts.keep_resolved_d * 86400, owner=True)
     try:
         # Read before the first evaluation, or a restart would page again what already paged.
         records = await asyncio.to_thread(_open_and_load, store)
@@ -175,6 +177,7 @@ async def log_drops(state, every_s: float) -> None:
 
 
 def _open_and_load(store):
+    store.lock()
     store.open()
     return store.load_alerts()
 

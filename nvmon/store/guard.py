@@ -72,8 +72,8 @@ class FileLock:
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 who = f"pid {pid}" if pid else "another process"
-                raise StoreError(f"database {self.db} is in use by another nvmon daemon ({who}, lock "
-                                 f"{self.path.name}); give each daemon its own --db / store.path", LOCKED) from None
+                raise StoreError(f"database {self.db} is in use by another nvmon process ({who}, lock "
+                                 f"{self.path.name}); give each daemon or fleet its own --db", LOCKED) from None
             raise StoreError(f"database {self.db}: cannot lock {self.path.name}: {e.strerror or e}") from None
         try:
             os.ftruncate(fd, 0)
