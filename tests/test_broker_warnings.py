@@ -14,7 +14,7 @@ import uuid
 from mqtt_broker import Broker, make_tls, needs_mosquitto, needs_openssl, wait_until
 
 from nvmon import aio
-from nvmon.wire.mqtt import Backoff, MqttSettings
+from nvmon.wire.mqtt import Backoff, MqttSettings, make_client
 from nvmon.wire.session import MqttSession
 
 pytestmark = needs_mosquitto
@@ -111,3 +111,21 @@ async def test_nvmon_fleet_on_an_anonymous_broker_warns_once(tmp_path):
     lines = [ln for ln in text.splitlines() if "unauthenticated" in ln]
     assert len(lines) == 1 and "WARNING" in lines[0] and SECTION in lines[0], text
     assert "Traceback" not in text
+
+
+async def test_a_late_suback_of_a_cancelled_subscribe_is_no_error(caplog):
+    """A stop or reconnect can cancel a subscribe whose SUBACK is already on its way; aiomqtt then
+    meets an unknown message id and logs it as an ERROR with a traceback. nvmon's client logger
+    says it once at debug instead. The callback is aiomqtt's own, called as paho calls it."""
+    caplog.set_level(logging.DEBUG)
+    client = make_client(MqttSettings(url="mqtt://127.0.0.1:1"), client_id="t-late")
+    client._on_subscribe(client._client, None, 4242, [], None)  # noqa: SLF001 - aiomqtt's paho callback
+    client._on_unsubscribe(client._client, None, 4243, [], None)  # noqa: SLF001
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    late = [r.getMessage() for r in caplog.records if "came late" in r.getMessage()]
+    assert late == ["mqtt: acknowledgement of a cancelled (un)subscribe came late (message id 4242)",
+                    "mqtt: acknowledgement of a cancelled (un)subscribe came late (message id 4243)"]
+    # Other aiomqtt warnings still come through, under nvmon's name.
+    client._logger.warning("Message queue is full. Discarding message.")
+    assert [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING] == \
+        [("nvmon.wire.aiomqtt", "WARNING")]

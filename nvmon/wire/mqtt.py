@@ -39,6 +39,23 @@ log = logging.getLogger("nvmon.wire")
 SCHEMES = {"mqtt": (False, 1883), "mqtts": (True, 8883)}
 
 
+def _late_ack(record: logging.LogRecord) -> bool:
+    """aiomqtt logs a SUBACK/UNSUBACK that comes after its subscribe was cancelled (a stop or a
+    reconnect during the subscribe) as an ERROR with a KeyError traceback. Nothing is wrong: it is
+    said once at debug, and the record dropped."""
+    if str(record.msg).startswith("Unexpected message ID"):
+        mid = record.args[0] if isinstance(record.args, tuple) and record.args else record.args
+        log.debug("mqtt: acknowledgement of a cancelled (un)subscribe came late (message id %s)", mid)
+        return False
+    return True
+
+
+# aiomqtt's (and paho's) messages: under nvmon's name, at aiomqtt's own level (warnings and up).
+CLIENT_LOG = logging.getLogger("nvmon.wire.aiomqtt")
+CLIENT_LOG.setLevel(logging.WARNING)
+CLIENT_LOG.addFilter(_late_ack)
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerAddress:
     tls: bool
@@ -176,6 +193,7 @@ def make_client(settings: MqttSettings, *, client_id: str, will: tuple[str, byte
         identifier=settings.client_id or client_id, protocol=aiomqtt.ProtocolVersion.V311, clean_session=True,
         keepalive=settings.keepalive_s, timeout=settings.timeout_s, tls_context=settings.tls_context(),
         will=None if will is None else aiomqtt.Will(topic=will[0], payload=will[1], qos=1, retain=True),
+        logger=CLIENT_LOG,
     )
 
 
