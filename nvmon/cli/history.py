@@ -11,6 +11,7 @@ import json
 import re
 import sqlite3
 import sys
+import textwrap
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -71,12 +72,18 @@ def _metrics_option(ctx: click.Context, param: click.Parameter, value: tuple[str
 
 
 def _metric_help() -> str:
+    """The epilog's metric table, verbatim (`\\b`): each description wrapped under its own column so
+    that, with click's indent of 2, every line fits an 80-column terminal."""
     lines = ["\b", "Metrics (--metric), by table:"]
     for kind in KINDS:
         for m in METRICS:
             if m.kind == kind:
                 unit = f" [{m.unit}]" if m.unit else ""
-                lines.append(f"  {kind:<5} {m.name:<22} {m.description}{unit}")
+                head = f"  {kind:<5} {m.name:<22} "
+                text = re.sub(r"(\d) (?=\w)", "\\1\xa0", f"{m.description}{unit}")  # "2 unhealthy" stays whole
+                lines += [ln.replace("\xa0", " ") for ln in
+                          textwrap.wrap(text, width=80 - 2, initial_indent=head, subsequent_indent=" " * len(head),
+                                        break_long_words=False, break_on_hyphens=False)]
     return "\n".join(lines)
 
 
