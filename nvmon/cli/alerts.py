@@ -209,7 +209,6 @@ def alerts_command(ctx: click.Context, db_path: str | None, as_json: bool, show_
     With --broker (or $NVMON_BROKER, or --config's [mqtt] broker): every node's active alerts and
     the fleet rules' (node.offline, node.stale, rack.power, ...), read once from the broker.
 
-    \b
     Order: active first, by severity (critical, warning, info), firing before pending, newest
     start first; then resolved ones, the latest to end first. STATE marks an active alert by its
     severity (✗ critical, ⚠ warning, ℹ info, as the TUI); WHERE names the node (and GPU, link,
@@ -398,14 +397,16 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: BrokerFlag
 
     \b
     --json: a list of objects, oldest first, local ones before shared ones:
-      id          the local silence's number, or "CLUSTER/ID" for a shared one (for unsilence)
-      shared      true for a silence from the broker's shared set
-      matchers    {KEY: GLOB}, as given to --match
+      id             the local silence's number, or "CLUSTER/ID" for a shared
+                     one (for unsilence)
+      shared         true for a silence from the broker's shared set
+      matchers       {KEY: GLOB}, as given to --match
       starts_at, ends_at   ISO 8601 UTC
       created_by, comment  who set it and why (null when not given)
-      applied_until   until when evaluators apply it: ends_at, or a shared one cut to the maximum
-                      ([alerts] max_silence_h of --config, else 7 days); null: they refuse it
-                      (it covers every node and was not set with --all-nodes)
+      applied_until  until when evaluators apply it: ends_at, or a shared one
+                     cut to the maximum ([alerts] max_silence_h of --config,
+                     else 7 days); null: they refuse it (it covers every node
+                     and was not set with --all-nodes)
     """
     from nvmon.render import plain
     from nvmon.store import alerts as db

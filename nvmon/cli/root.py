@@ -17,10 +17,11 @@ def cli() -> None:
     """nvmon — NVLink, PCIe, power and InfiniBand health of 8-GPU servers.
 
     \b
-    Start here:  nvmon demo                       (a simulated fleet + the TUI; no GPU, no broker)
+    Start here:  nvmon demo   (a simulated fleet + the TUI; no GPU, no broker)
     On a node:   nvmon sample    /    nvmon audit --expect-ib 8x400
     Ops view:    nvmon tui --broker mqtt://broker:1883
-    Exit status: 0 done, 1 could not do it ("nvmon: ..."), 2 bad usage ("nvmon CMD: ..."); audit: 0-3 Nagios
+    Exit status: 0 done, 1 could not do it ("nvmon: ..."),
+                 2 bad usage ("nvmon CMD: ..."); audit: 0-3 Nagios
     """
 
 
