@@ -126,7 +126,8 @@ def audit(as_json: bool, interval: float, sim: str | None, sysfs_root: Path | No
 
     \b
     Exit status (Nagios / Slurm HealthCheckProgram style):
-      0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (no NVML, unknown GPU model, bad input)
+      0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
+      (3: no NVML, an unknown GPU model, bad input)
     """
     from nvmon.audit import EXIT_CODES, audit as run_audit, report_to_dict
     from nvmon.specs import NodeSpec, parse_expect_ib
@@ -185,9 +186,13 @@ def daemon(config_path, broker, db, interval, node, cluster, rack, sim, sysfs_ro
     """Run the node agent: sample every second, keep history in SQLite, publish over MQTT,
     and (with --prometheus) serve /metrics, dcgm-exporter compatible.
 
+    On a GPU node, under systemd: see systemd/nvmon-daemon.service and docs/install.md.
+
     \b
-    On a GPU node, under systemd:   see systemd/nvmon-daemon.service and docs/install.md
-    On any machine, for a look:     nvmon daemon --sim hgx-h100 --db /tmp/nvmon.db --broker mqtt://localhost:1883
+    On any machine, for a look:
+      nvmon daemon --sim hgx-h100 --db /tmp/nvmon.db \\
+          --broker mqtt://localhost:1883
+
     Stop with SIGTERM or Ctrl-C: status goes `offline`, queued ticks are flushed, exit 0.
     """
     import asyncio
