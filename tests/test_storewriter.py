@@ -34,7 +34,7 @@ class ScriptedStore:
         self.maintained += 1
 
 
-def until(cond, timeout=5.0):
+def until(cond, timeout=15.0):  # generous: it costs time only when the test fails
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -80,7 +80,9 @@ def test_put_never_blocks_on_a_hung_disk_and_memory_stays_bounded():
     t0 = time.monotonic()
     for i in range(1, 100):
         w.put(i)
-    assert time.monotonic() - t0 < 0.5
+    # A put that waited for the hung write would not return at all (it hangs until store.hang is set
+    # below): the counts prove it did not; the bound only catches a put that is slow, with room.
+    assert time.monotonic() - t0 < 5.0
     assert len(w._incoming) == 4 and w.dropped == 95
     assert not w.stop(0.1)  # still stuck: stop() gives up instead of hanging the shutdown
     store.hang.set()
