@@ -195,7 +195,6 @@ def demo_command(nodes: int, racks: int | None, seed: int, port: int | None, no_
                  embedded: bool, speed: float) -> None:
     """A simulated GPU fleet with planted faults, live in the TUI — no GPU, no broker needed.
 
-    \b
     Starts an MQTT broker on a free 127.0.0.1 port (Mosquitto when it is installed, else an embedded
     pure-Python one) and N simulated 8-GPU nodes, each running
     the real `nvmon daemon` code (sampling, SQLite history in a temporary directory, MQTT), then

@@ -144,7 +144,6 @@ def nodes_command(patterns: tuple[str, ...], broker: BrokerFlags, config_path: P
     board and driver from its inventory, online / stale / offline and why, since when, daemon
     version, active alerts, flags). NODE_GLOBs (e.g. 'gpu-0*') pick nodes by name; the filters combine.
 
-    \b
     The age of an offline node comes from its status's own timestamp; `≤6m` (age_exact false in
     --json) is a will found retained: silent for at most that long. BOARD is GPU count × the
     spec's model key and the board's topology class ('-': no inventory seen). FLAGS: '2 daemons'
