@@ -48,9 +48,12 @@ def fleet_command(broker: BrokerFlags, clusters: tuple[str, ...], config_path: P
     """Evaluate fleet rules and run the on-call hooks: node offline (MQTT will) or stale, rack
     power over budget, many nodes with the same fault (docs/alerts.md, "Fleet rules").
 
+    Under systemd: systemd/nvmon-fleet.service.
+
     \b
-    Under systemd: systemd/nvmon-fleet.service.   For a look: nvmon sim-fleet in another shell, then
-    nvmon fleet --broker mqtt://localhost:1883 --cluster sim --db /tmp/fleet.db
+    For a look: nvmon sim-fleet in another shell, then
+      nvmon fleet --broker mqtt://localhost:1883 --cluster sim --db /tmp/fleet.db
+
     Stop with SIGTERM or Ctrl-C: alert state is saved, exit 0.
 
     One instance may watch several clusters (--cluster a,b); their alerts carry their own cluster.
