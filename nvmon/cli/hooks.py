@@ -89,12 +89,16 @@ def hooks_group() -> None:
 def hooks_test_command(config_path: Path | None, only: tuple[str, ...], severity: str, as_json: bool) -> None:
     """Fire a test alert (firing, then resolved) through every configured hook, all at once.
 
-    \b
     One line per hook: its name, type, target and `ok` or the error. Each transition is tried
     once (no retries) within the hook's timeout_s; a hook's `on` list is honoured.
+
+    \b
     Exit status: 0 all delivered, 1 any failed or a configuration error.
-    --json: {"fingerprint": the test alert's, "hooks": [{"name", "type", "target" (secrets
-    redacted), "ok" (true/false), "detail" (what each transition got, or the error)}], "failed": N}
+    --json: {"fingerprint": the test alert's,
+             "hooks": [{"name", "type", "target" (secrets redacted),
+                        "ok" (true/false),
+                        "detail" (what each transition got, or the error)}],
+             "failed": N}
     """
     from nvmon.alerts.hook_delivery import Hook
     from nvmon.alerts.hooks import HookConfigError, load_hooks

@@ -51,9 +51,11 @@ def profiles_command(as_json: bool) -> None:
     """List the simulator's board profiles and the --sim syntax.
 
     \b
-    --json keys: profiles (a list: name, the --sim profile name; description; gpu, the model as
-    NVML names it; gpus; nvlink: NVSwitch, NVLink pairs or none; ib_ports; ib_rate_gbps) and
-    sim_syntax (the --sim syntax as plain text).
+    --json keys:
+      profiles    a list: name (the --sim profile name); description; gpu (the
+                  model as NVML names it); gpus; nvlink (NVSwitch, NVLink pairs
+                  or none); ib_ports; ib_rate_gbps
+      sim_syntax  the --sim syntax as plain text
     """
     from nvmon.sim.profiles import PROFILES
 
