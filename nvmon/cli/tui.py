@@ -48,9 +48,11 @@ def tui_command(broker: BrokerFlags, config_path: Path | None, clusters: tuple[s
     """Live view of the fleet: one row per node, drill-down per node, alerts.
 
     \b
-    Keys: Enter node · / filter · s sort · g racks · p problems · a alerts · ? help · q quit
+    Keys: Enter node · / filter · s sort · g racks · p problems · a alerts
+          ? help · q quit
     Try it without hardware:  nvmon sim-fleet --nodes 50 --racks 4 &  nvmon tui
-    Many clusters: nvmon tui --cluster '+' (an overview from their summaries; docs/fleet.md)
+    Many clusters: nvmon tui --cluster '+'
+                   (an overview from their summaries; docs/fleet.md)
     """
     cfg = load_fleet_config(config_path) if config_path is not None else None
     m = cfg.mqtt if cfg is not None else None
