@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 
 import pytest
@@ -59,7 +58,7 @@ async def test_back_after_the_broker_is_killed_and_restarted(tmp_path, caplog):
             assert s.stats.since >= up and s.stats.errors >= 1 and s.stats.last_error
             await asyncio.sleep(0.5)  # a few refused attempts while it is down
             broker.start()  # same port
-            await wait_until(lambda: s.connected and s.stats.connects == 2, timeout=5, what="the reconnection")
+            await wait_until(lambda: s.connected and s.stats.connects == 2, timeout=15, what="the reconnection")
             assert not task.done() and s.stats.errors >= 2
     assert any("connection lost" in m for m in lines(caplog, logging.WARNING))
     infos = lines(caplog, logging.INFO)
@@ -81,7 +80,7 @@ async def test_a_refused_connection_is_logged_once_then_connected_again(tmp_path
         assert len(errors) == 1 and "cannot connect" in errors[0] and "\n" not in errors[0]
         assert len(lines(caplog, logging.DEBUG)) >= 3  # the repeats: "still cannot connect"
         with broker:
-            await wait_until(lambda: s.connected, timeout=5, what="the connection once the broker listens")
+            await wait_until(lambda: s.connected, timeout=15, what="the connection once the broker listens")
             errors_then = s.stats.errors
             [again] = [m for m in lines(caplog, logging.INFO) if "connected" in m]
             assert f"connected again as {s.client_id} after {errors_then} failed attempts" in again
@@ -104,13 +103,13 @@ async def test_a_cancel_during_the_connect_stops_it(tmp_path):
         s = session(f"mqtt://127.0.0.1:{port}", timeout_s=30)
         calls = []
         task = asyncio.create_task(s.run(lambda client: calls.append(client)))
-        await asyncio.wait_for(accepted.wait(), 5)
+        await asyncio.wait_for(accepted.wait(), 15)
         await asyncio.sleep(0.1)  # the CONNECT is out; the CONNACK never comes
-        t0 = time.monotonic()
         task.cancel()
+        # The connect's own timeout is 30 s: a cancel that waited for it (or for the CONNACK) would
+        # time out here instead; 10 s is room for a slow machine, the stop takes ~10 ms.
         with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(task, 3)
-        assert time.monotonic() - t0 < 1.0
+            await asyncio.wait_for(task, 10)
         assert calls == [] and s.stats.connects == 0 and not s.connected
     finally:
         for w in writers:
@@ -142,12 +141,11 @@ async def test_a_cancel_swallowed_by_the_connect_still_stops_it_with_a_goodbye(t
             s = session(broker.url, will=lambda: (topic, b"lost"), goodbye=lambda: (topic, b"stopped"))
             calls = []
             task = asyncio.create_task(s.run(lambda client: calls.append(client)))
-            await asyncio.wait_for(entered.wait(), 5)
-            t0 = time.monotonic()
+            await asyncio.wait_for(entered.wait(), 15)
             task.cancel()
+            # A session that carried on after the swallowed cancel would not end: it fails here.
             with pytest.raises(asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(task), 3)
-            assert time.monotonic() - t0 < 2.0
+                await asyncio.wait_for(asyncio.shield(task), 10)
             assert calls == [] and s.stats.connects == 0
             assert (await rec.wait_for("status")).payload == b"stopped"
         monkeypatch.undo()
