@@ -118,7 +118,9 @@ def test_full_receiver_queue_gives_up_within_the_timeout(tmp_path, monkeypatch):
                 break
         else:
             pytest.fail("the receiver's queue never filled")
-        assert time.monotonic() - t0 < 1.0
+        # It gave up (False) instead of blocking for good on a queue nobody reads; the bound, far
+        # above its 0.05 s timeout, only catches a send that waited long, with room for a slow machine.
+        assert time.monotonic() - t0 < 5.0
         assert received(sock) == "WATCHDOG=1"  # what was queued is intact
 
 

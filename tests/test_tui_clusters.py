@@ -124,7 +124,9 @@ def test_without_cluster_the_tui_opens_on_the_overview_when_the_broker_holds_sev
             t0 = time.monotonic()
             r = CliRunner().invoke(tui_command, ["--broker", broker.url])
             assert r.exit_code == 0, r.output
-            assert started.pop() == expected and time.monotonic() - t0 < 2.5
+            # The look ends 0.3 s after the last retained summary and is capped at 2 s (2 × PROBE_S):
+            # the bound catches an uncapped look, with room for a slow machine (~0.5 s here).
+            assert started.pop() == expected and time.monotonic() - t0 < 5.0
         r = CliRunner().invoke(tui_command, ["--broker", broker.url, "--cluster", "a"])  # one named: its nodes
         assert r.exit_code == 0 and started.pop() == ("NvmonApp", "a")
         cfg = tmp_path / "fleet.toml"
@@ -135,4 +137,4 @@ def test_without_cluster_the_tui_opens_on_the_overview_when_the_broker_holds_sev
         assert r.exit_code == 0 and started.pop() == (("a", "b"), 7.0)
     t0 = time.monotonic()
     r = CliRunner().invoke(tui_command, ["--broker", broker.url])  # the broker is gone: the TUI says so itself
-    assert r.exit_code == 0 and started.pop() == ("NvmonApp", None) and time.monotonic() - t0 < 2.5
+    assert r.exit_code == 0 and started.pop() == ("NvmonApp", None) and time.monotonic() - t0 < 5.0  # (as above)
