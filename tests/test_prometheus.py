@@ -478,7 +478,7 @@ def test_slowloris_is_cut_at_the_header_deadline_though_bytes_keep_coming(tiny):
     t0 = time.monotonic()
     s.settimeout(0.1)
     gone = False
-    while time.monotonic() - t0 < 3:  # a byte every 0.1 s: each receive is quick, the request never ends
+    while time.monotonic() - t0 < 10:  # a byte every 0.1 s: each receive is quick, the request never ends
         try:
             s.sendall(b"a")
             if s.recv(100) == b"":
@@ -490,7 +490,10 @@ def test_slowloris_is_cut_at_the_header_deadline_though_bytes_keep_coming(tiny):
             gone = True
             break
     s.close()
-    assert gone and 0.4 < time.monotonic() - t0 < 1.5 and tiny.header_timeouts == 1
+    # Cut by its header deadline (the counter says which; it is counted before the close), not
+    # before it (0.5 s); a deadline the bytes kept pushing back would never cut it. The upper bound
+    # has room for a slow machine (~0.5 s here).
+    assert gone and 0.4 < time.monotonic() - t0 < 5.0 and tiny.header_timeouts == 1
 
 
 def test_oversized_headers_get_431_and_are_not_kept(tiny):
