@@ -268,7 +268,8 @@ def _check_by(by: str | None) -> str:
     return who
 
 
-@alerts_command.command("ack")
+@alerts_command.command("ack",
+                        short_help="Acknowledge an active alert: not paged again, still active.")
 @click.argument("fingerprint")
 @_db_option
 @click.option("--by", default=None, help="Who acks (default: the user running this).")
@@ -326,7 +327,8 @@ def _find_on_broker(share: _Share, fingerprint: str) -> tuple[str, str, float]:
     return c, a.fingerprint, a.starts_at
 
 
-@alerts_command.command("silence")
+@alerts_command.command("silence",
+                        short_help="Stop paging matching alerts for a while (they still show).")
 @click.option("--match", "matches", multiple=True, metavar="KEY=GLOB",
               help="Alert field or label to match, e.g. node=gpu-07, code='nvlink.*', gpu=3, label.team=ml "
                    "(repeatable; all must match; docs/alerts.md).")
@@ -384,7 +386,8 @@ def silence_command(ctx: click.Context, matches: tuple[str, ...], duration: str,
         share.report(c, cs)
 
 
-@alerts_command.command("silences")
+@alerts_command.command("silences",
+                        short_help="List the silences in force, local and shared.")
 @_db_option
 @_share_options(listing=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (keys above).")
@@ -450,7 +453,8 @@ def silences_command(ctx: click.Context, db_path: str | None, broker: BrokerFlag
                          + (f": {s.comment}" if s.comment else "") + note))
 
 
-@alerts_command.command("unsilence")
+@alerts_command.command("unsilence",
+                        short_help="End a silence now: a local one by number, a shared one by id.")
 @click.argument("silence_id")
 @_db_option
 @_share_options

@@ -79,7 +79,8 @@ def hooks_group() -> None:
     """On-call hooks (exec, webhook, alertmanager, alertmanager-webhook, pagerduty, slack): see docs/alerts.md."""
 
 
-@hooks_group.command("test")
+@hooks_group.command("test",
+                     short_help="Fire a test alert (firing, then resolved) through every hook.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="TOML config with [[hooks]] (default /etc/nvmon/nvmon.toml).")
 @click.option("--hook", "only", multiple=True, metavar="NAME", help="Test only this hook (repeatable).")
