@@ -73,8 +73,12 @@ async def test_kill_9_of_nvmon_fleet_during_a_hook_outage_delivers_after_restart
             receiver.mode = "up"
             g = fleet(tmp_path, broker.url, cluster, cfg, db, name="fleet2").start()
             await wait_until(lambda: receiver.delivered("/wh", "firing"), 20, "the page delivered after the restart")
-            await wait_until(lambda: outbox_rows(db) == [], 5, "the outbox emptied")
-            await asyncio.sleep(1.0)  # nothing else comes: no second page of the same episode
+            await wait_until(lambda: outbox_rows(db) == [], 15, "the outbox emptied")
+            # Nothing else comes: no second page of the same episode. A restart that forgot it would
+            # page n1 once it judges the nodes, after its 2 s settle time from the subscription: the
+            # window starts there, not at the outbox's delivery (which can come before it).
+            await wait_until(lambda: "subscribed to" in g.text(), 15, "the second nvmon fleet subscribed")
+            await asyncio.sleep(3.5)
             (got,) = receiver.delivered("/wh", "firing")
             assert (got["code"], got["node"], got["cluster"], got["value"]) == ("node.offline", "n1", cluster, "lost")
             assert "left undelivered by the last run; delivering them now" in g.text()
@@ -106,7 +110,10 @@ async def test_a_stop_of_nvmon_fleet_delivers_what_its_hooks_hold(tmp_path, rece
             await wait_until(lambda: "fleet alert firing: critical node.offline on" in f.text(), 15, "the page")
             assert receiver.requests == []  # held for its group
             rc, took = f.stop()
-            assert rc == 0 and took < 2.0, f.text()
+            # The held page went out in the stop's bounded drain (below) instead of waiting out its
+            # group's 30 s; the clock only catches a stop systemd would kill (TimeoutStopSec=5),
+            # with room for a slow machine (the product's figure, under 2 s, is measured, not timed).
+            assert rc == 0 and took < 5.0, f.text()
             (got,) = receiver.delivered("/wh", "firing")
             assert [a["code"] for a in got["alerts"]] == ["node.offline"]
         finally:
