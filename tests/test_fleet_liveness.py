@@ -58,13 +58,13 @@ async def test_tui_started_late_shows_true_ages_and_the_fleet_rules_alerts(tmp_p
                 t = app.screen.query_one(FleetTable)
                 return dict(zip(column_plain(t, "node"), column_plain(t, "status")))
 
-            await wait_until(lambda: len(status()) == 2, 10, "both retained statuses in the table")
+            await wait_until(lambda: len(status()) == 2, 30, "both retained statuses in the table")
             status = status()
             assert status["stopped"].startswith("✗ off 20m") and status["dead"].startswith("✗ lost ≤6m"), status
             await pilot.press("a")
             assert isinstance(app.screen, AlertsScreen)
             # judged after the settle time (2 s after connecting), by the rules nvmon fleet runs
-            await wait_until(lambda: len(alert_rows(app)) == 2, 10, "two node.offline alerts on screen")
+            await wait_until(lambda: len(alert_rows(app)) == 2, 30, "two node.offline alerts on screen")
             rows = alert_rows(app)
             assert "offline for 20 min: stopped cleanly" in rows[("stopped", "node.offline")]
             assert "offline for up to 6 min: connection lost" in rows[("dead", "node.offline")]
@@ -152,7 +152,7 @@ async def test_nvmon_fleet_started_late_pages_true_ages_and_forget_ends_without_
             r = nvmon("forget", "dead", "--broker", broker.url, "--cluster", C, "--yes", "--settle", "1")
             assert r.returncode == 0, r.stderr
             await wait_until(lambda: "fleet alert forgotten" in f.text(), 10, "the forgotten alert logged")
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(3)  # a resolved page would go out with the forget: room for its hook's start
             assert len(pages(out)) == 2  # no resolved page for the forgotten node
             rc, _ = f.stop()
             assert rc == 0, f.text()
@@ -162,11 +162,13 @@ async def test_nvmon_fleet_started_late_pages_true_ages_and_forget_ends_without_
 
 
 async def test_a_node_dying_under_the_tui_is_on_its_alerts_screen_within_stale_after(tmp_path):
-    """SIGSTOP (a hung host): node.stale within stale-after + 1 s; kill -9: node.offline at the will."""
+    """SIGSTOP (a hung host): node.stale once stale-after has passed; kill -9: node.offline at the will."""
     import signal
 
     node_cfg = tmp_path / "node.toml"
-    node_cfg.write_text(f'[node]\ncluster = "{C}"\n[mqtt]\nkeepalive_s = 2\n')
+    # keepalive 10 s: the frozen node's will comes 15 s after its last packet, far behind node.stale
+    # (2.5 s), so a slow machine cannot let the will (status offline: no stale judged) come first.
+    node_cfg.write_text(f'[node]\ncluster = "{C}"\n[mqtt]\nkeepalive_s = 10\n')
     with Broker(tmp_path) as broker:
         daemon = Proc(tmp_path, "n1", "daemon", "--config", str(node_cfg), "--broker", broker.url, "--db",
                       str(tmp_path / "n1.db"), "--node", "n1", "--sim", "hgx-h100", "--interval", "0.5").start()
@@ -180,12 +182,15 @@ async def test_a_node_dying_under_the_tui_is_on_its_alerts_screen_within_stale_a
                 stale_after = app.state.nodes[(C, "n1")].stale_after_s
                 daemon.proc.send_signal(signal.SIGSTOP)
                 t0 = time.monotonic()
-                await wait_until(lambda: ("n1", "node.stale") in alert_rows(app), stale_after + 3, "node.stale")
+                await wait_until(lambda: ("n1", "node.stale") in alert_rows(app), stale_after + 10, "node.stale")
                 took = time.monotonic() - t0
                 print(f"node.stale on the alerts screen {took:.2f} s after SIGSTOP (stale after {stale_after:g} s)")
-                assert took <= stale_after + 1.0 + 0.5  # the last tick came up to an interval before the stop
+                # the last tick came up to an interval before the stop; the row appears on the next
+                # 0.1 s redraw. The bound has room for a slow machine and still tells "when it went
+                # stale" from a later event (its will at 15 s, node.stale's 20 s hold before a page).
+                assert took <= stale_after + 3.0
                 daemon.kill()  # the socket closes: the broker publishes the will at once
-                await wait_until(lambda: ("n1", "node.offline") in alert_rows(app), 5, "node.offline")
+                await wait_until(lambda: ("n1", "node.offline") in alert_rows(app), 15, "node.offline")
                 assert "connection lost" in alert_rows(app)[("n1", "node.offline")]
                 # the pending node.stale stays until its clear_s (30 s), as in nvmon fleet, and never pages
                 assert "alerts 2" in plain(app.screen.query_one("#info", Static))
