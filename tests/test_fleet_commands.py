@@ -309,3 +309,32 @@ def test_nodes_shows_hostile_inventory_strings_as_data(fleet, tmp_path):
         assert "8×?[31mEVIL [bold]x[/bold] nvswitch" in row and "?]0;pwn? 550" in row, row
         (got,) = json.loads(nvmon("nodes", "--broker", broker.url, "--settle", "1", "--json").stdout)
         assert (got["model"], got["driver"], got["board"]) == (model, driver, f"8×{model} nvswitch")
+
+
+def test_nodes_on_a_broker_of_summaries_only_says_where_the_nodes_are(tmp_path):
+    """A central broker whose bridges forward only the clusters' `@summary` (docs/mosquitto/
+    bridge-cluster.conf without the node lines) has no node to list: `nvmon nodes` says which
+    clusters it summarises and where their nodes are, instead of a bare 'no nodes'."""
+    now = time.time()
+
+    async def publish(url):
+        async with make_client(MqttSettings(url=url), client_id="summaries") as c:
+            for cluster, online in (("prod-a", 120), ("prod-b", 79)):
+                s = ClusterSummary(cluster=cluster, ts=now, interval_s=10,
+                                   nodes=NodeCounts(total=80 if cluster == "prod-b" else 120, online=online,
+                                                    stale=0, offline=1 if cluster == "prod-b" else 0), power_w=None)
+                await c.publish(summary_topic(cluster), summary_payload(s), qos=1, retain=True)
+
+    with Broker(tmp_path) as broker:
+        asyncio.run(publish(broker.url))
+        r = nvmon("nodes", "--broker", broker.url, "--settle", "1")
+        assert r.returncode == 0 and r.stdout == "", r
+        assert r.stderr == (f"no nodes on {broker.url}; it carries the summaries of 2 clusters (prod-a 120/120 "
+                            "online, prod-b 79/80 online): list their nodes on each cluster's own broker, or "
+                            "drill in with `nvmon tui --cluster '+'`\n")
+        assert nvmon("nodes", "--broker", broker.url, "--settle", "1", "--json").stdout.strip() == "[]"
+        empty = tmp_path / "e"
+        empty.mkdir()
+    with Broker(empty) as bare:
+        r = nvmon("nodes", "--broker", bare.url, "--settle", "0.5")
+        assert r.returncode == 0 and r.stderr == f"no nodes on {bare.url}\n", r

@@ -108,6 +108,18 @@ def _table(rows: list[dict], with_cluster: bool) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 
 
+def summaries_only(summaries: dict) -> str:
+    """What to say after "no nodes on URL" when that broker carries clusters' summaries (a central
+    broker that bridges only `@summary` up): which clusters, and where their nodes are listed."""
+    if not summaries:
+        return ""
+    shown = [f"{_printable(c)} {s.nodes.online}/{s.nodes.total} online" for c, s in sorted(summaries.items())[:5]]
+    more = f", +{len(summaries) - 5} more" if len(summaries) > 5 else ""
+    return (f"; it carries the summaries of {len(summaries)} cluster{'s' if len(summaries) > 1 else ''} "
+            f"({', '.join(shown)}{more}): list their nodes on each cluster's own broker, or drill in "
+            "with `nvmon tui --cluster '+'`")
+
+
 def _printable(s: str) -> str:
     """Strings from the wire (racks, versions) without control characters: they are data."""
     return "".join(c if c.isprintable() else "?" for c in str(s))[:64]
@@ -156,15 +168,17 @@ def nodes_command(patterns: tuple[str, ...], broker: BrokerFlags, config_path: P
             raise NvmonUsageError(f"{p[:80]!r}: a glob is 1-200 printable characters")
     settings = settings_of(broker, config_path)
     fleet = fleet_settings(config_path)
-    state = run(settings, read_fleet(settings, cluster, settle_s,
-                                     stale_factor=fleet.stale_after_intervals if fleet is not None else None))
-    every = node_rows(state, time.time())
+    # The clusters' summaries too: a central broker of bridged clusters carries only those (docs/fleet.md).
+    snap = run(settings, read(settings, cluster, settle_s, controls=True,
+                              stale_factor=fleet.stale_after_intervals if fleet is not None else None))
+    every = node_rows(snap.state, time.time())
     rows = select(every, patterns=patterns, rack=rack_glob, states=states, problems=problems)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
         where = f"on {settings.url}" + (f" in cluster {cluster}" if cluster else "")
-        click.echo(f"no nodes {where}" if not every else f"none of {len(every)} nodes {where} match", err=True)
+        click.echo(f"no nodes {where}{summaries_only(snap.summaries)}" if not every
+                   else f"none of {len(every)} nodes {where} match", err=True)
     else:
         click.echo(_table(rows, with_cluster=cluster is None))
 
