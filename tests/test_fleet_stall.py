@@ -121,7 +121,13 @@ def test_a_flood_of_garbage_is_no_stall():
 
 # --- the real thing ---------------------------------------------------------------------------
 
+# [mqtt] keepalive_s = 30 (nvmon fleet's own client): at the default 10 s, a keepalive ping sent just
+# before the 8 s freeze must be answered within 10 s, a margin of 2 s that a loaded machine (a late
+# wake-up, the backlog read before the PINGRESP) can miss: the client then drops the connection,
+# and the test would see an outage instead of the stall it is about.
 HOOK_RULES = """\
+[mqtt]
+keepalive_s = 30
 [fleet]
 stale_after_intervals = 3
 [fleet.rules."node.stale"]
