@@ -160,7 +160,9 @@ async def test_a_flood_of_fake_nodes_pages_nothing_and_goes_away(tmp_path):
           + f"; TUI node counts seen {sorted({h[0] for h in tui.seen})[-3:]}")
     assert figures["sent"] >= 5000  # every name at least once
     drops = [ln for ln in text.splitlines() if "messages dropped in the last" in ln]
-    assert drops and "node_cap" in drops[0], drops  # the names past the cap, refused before parsing
+    # The names past the cap, refused before parsing. In whichever drop line: the first one's window
+    # (2 s) may close before a slow fleet has admitted the cap's 1,000 names.
+    assert [ln for ln in drops if "node_cap" in ln], drops
     so_far = int(forgot(f)[-1].rsplit(";", 1)[1].split()[0])
     assert so_far >= 1000, forgot(f)  # the cap's worth at least was admitted, and all of them forgotten
     assert "Traceback" not in text
@@ -182,7 +184,9 @@ async def test_a_flood_of_fake_nodes_pages_nothing_and_goes_away(tmp_path):
 
 def daemon(tmp: Path, url: str, cluster: str, i: int) -> Proc:
     cfg = tmp / f"twin{i}.toml"
-    cfg.write_text(f'[node]\nname = "twin"\ncluster = "{cluster}"\n[mqtt]\nbroker = "{url}"\nkeepalive_s = 2\n')
+    # keepalive 10 s (the default): a will or a reconnect here must come from the name's two
+    # sessions, not from a 2 s keepalive that a loaded machine's late ping can miss
+    cfg.write_text(f'[node]\nname = "twin"\ncluster = "{cluster}"\n[mqtt]\nbroker = "{url}"\nkeepalive_s = 10\n')
     return Proc(tmp, f"twin{i}", "daemon", "--config", str(cfg), "--db", str(tmp / f"twin{i}.db"), "--sim",
                 "hgx-h100", "--interval", "0.5", "--log-level", "info")
 
