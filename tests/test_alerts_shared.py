@@ -156,14 +156,14 @@ async def test_dispatcher_skips_repeats_of_quiet_alerts_but_not_their_resolve(re
     rec = alert()
     async with running(d):
         d.submit([rec])
-        await wait_until(lambda: len(receiver.bodies("/q")) >= 2, 3, "a repeat")
+        await wait_until(lambda: len(receiver.bodies("/q")) >= 2, 15, "a repeat")
         d.quiet([rec.fingerprint])  # acked
         await asyncio.sleep(0.1)
         n = len(receiver.bodies("/q"))
         await asyncio.sleep(0.6)
         assert len(receiver.bodies("/q")) == n
         d.submit([alert("resolved")])
-        await wait_until(lambda: receiver.bodies("/q")[-1]["status"] == "resolved", 3, "the resolve")
+        await wait_until(lambda: receiver.bodies("/q")[-1]["status"] == "resolved", 15, "the resolve")
 
 
 def test_fleet_engines_honour_shared_silences():
@@ -215,7 +215,7 @@ async def test_a_shared_silence_keeps_a_running_daemons_new_alert_from_its_hooks
                               "--comment", "bridge swap")
                     assert r.returncode == 0, r.stderr
                     assert "shared silence" in r.stdout and "1 silence(s)" in r.stdout
-                    await wait_until(lambda: "shared controls of cluster t: 1 silence(s)" in d.log_text(), 5,
+                    await wait_until(lambda: "shared controls of cluster t: 1 silence(s)" in d.log_text(), 15,
                                      "the daemon to take the silence")
                     assert "alert firing" not in d.log_text()  # the fault comes later
                     await rec.wait_for("alerts", lambda m: [a["code"] for a in active_set(m)
@@ -225,7 +225,7 @@ async def test_a_shared_silence_keeps_a_running_daemons_new_alert_from_its_hooks
                 finally:
                     assert d.stop() == 0
             async with Recorder(broker.url, control_topic("t")) as late:  # a late subscriber gets it: retained
-                await wait_until(lambda: [m.retain for m in late.messages] == [True], 5, "the retained set")
+                await wait_until(lambda: [m.retain for m in late.messages] == [True], 15, "the retained set")
         [shared] = controls_on(rec)
         assert shared["silences"][0]["matchers"] == {"node": "n1", "code": "nvlink.*"}
         assert shared["silences"][0]["comment"] == "bridge swap"
@@ -324,7 +324,7 @@ async def test_the_shipped_acl_lets_ops_but_not_nodes_write_the_control_topic(tm
                 assert sc.received == 0  # the node's write to the control topic was dropped
                 sid, change = shared_silence({"node": "n1"}, T, 4e9, "ops", None)
                 await update_shared(ops, "t", change)
-                await wait_until(lambda: "t" in sc.sets and [s.id for s in sc.sets["t"].silences] == [sid], 5,
+                await wait_until(lambda: "t" in sc.sets and [s.id for s in sc.sets["t"].silences] == [sid], 15,
                                  "the ops write to reach the node")
                 assert sc.malformed == 0
             finally:

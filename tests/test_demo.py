@@ -95,7 +95,7 @@ async def test_demo_headless_publishes_the_planted_fleet_and_leaves_nothing(tmp_
         rec = await connect_recorder(f"mqtt://127.0.0.1:{port}", "nvmon/v1/demo/#")
         try:
             names = [n.name for n in plan.nodes]
-            await wait_until(lambda: all(payloads(rec, n, "sample") for n in names), 10, "a sample from every node")
+            await wait_until(lambda: all(payloads(rec, n, "sample") for n in names), 30, "a sample from every node")
             # all nodes in one process; the children are the broker and its guard where Mosquitto is installed
             children = [c.name() for c in psutil.Process(proc.pid).children(recursive=True)]
             assert children == [] or (set(children) <= {"sh", "mosquitto"} and children.count("mosquitto") == 1), children
@@ -104,11 +104,11 @@ async def test_demo_headless_publishes_the_planted_fleet_and_leaves_nothing(tmp_
                 assert payloads(rec, n, "inventory"), f"{n}: no inventory"
             # The dying node: its will (offline, reason lost), then online again.
             await wait_until(lambda: ("offline", "lost") in states(rec, dying.name), back_at, "the will")
-            await wait_until(lambda: states(rec, dying.name)[-1] == ("online", None), 10, "the node's return")
+            await wait_until(lambda: states(rec, dying.name)[-1] == ("online", None), 30, "the node's return")
             # NVLink errors that start mid-run.
             node, arg = fault(plan, "nvlink_errors")
             link = arg.split("@")[0]
-            await wait_until(lambda: any(link in p.get("le", {}) for p in payloads(rec, node, "sample")), 10,
+            await wait_until(lambda: any(link in p.get("le", {}) for p in payloads(rec, node, "sample")), 30,
                              "NVLink errors")
             assert link not in payloads(rec, node, "sample")[0].get("le", {}), "errors before their start time"
             assert await asyncio.to_thread(proc.wait, 20) == 0, err.read_text()  # the loop keeps reading
@@ -151,13 +151,16 @@ async def test_demo_stops_cleanly_on_signals(tmp_path, sig):
     try:
         rec = await connect_recorder(f"mqtt://127.0.0.1:{port}", "nvmon/v1/demo/+/sample")
         try:
-            await wait_until(lambda: len({m.topic for m in rec.on("sample")}) == 2, 10, "samples from both nodes")
+            await wait_until(lambda: len({m.topic for m in rec.on("sample")}) == 2, 30, "samples from both nodes")
         finally:
             await rec.__aexit__(None, None, None)
         t0 = time.monotonic()
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=10)
         assert proc.returncode == 0, err
+        # Each part's stop is bounded at 5 s (STOP_TIMEOUT_S, BROKER_STOP_TIMEOUT_S): a part that
+        # had to be waited out makes the stop take longer than this, whatever the machine (a daemon
+        # cancelled also says so on stderr, checked below); a clean stop takes ~0.5 s.
         assert time.monotonic() - t0 < 5
     finally:
         if proc.poll() is None:

@@ -129,7 +129,7 @@ async def test_daemon_publishes_to_an_ipv6_broker_from_its_config(tmp_path):
         p, log = _daemon(tmp_path, f'broker = "{broker.url}"')
         try:
             assert await _sample_on(broker.url, None, tls_insecure=False, timeout=20), log.read_text()
-            await wait_until(lambda: f"MQTT {broker.url}: connected as" in log.read_text(), 5, "the log line")
+            await wait_until(lambda: f"MQTT {broker.url}: connected as" in log.read_text(), 15, "the log line")
         finally:
             assert _stop(p) == 0, log.read_text()
 

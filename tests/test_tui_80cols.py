@@ -203,11 +203,11 @@ async def test_silence_toast_is_whole_at_80x24(tmp_path):
         async with app.run_test(size=SMALL, notifications=True) as pilot:
             await wait_until(lambda: app.subscriber.status.connected, 10, "the subscriber")
             await pilot.press("a")
-            await wait_until(lambda: app.screen.query_one(DataTable).row_count == 2, 10, "the node's alerts")
+            await wait_until(lambda: app.screen.query_one(DataTable).row_count == 2, 30, "the node's alerts")
             await pilot.press("k")
-            await wait_until(lambda: len(app._notifications) == 1, 10, "the ack's notification")
+            await wait_until(lambda: len(app._notifications) == 1, 30, "the ack's notification")
             await pilot.press("x")
-            await wait_until(lambda: len(list(app.screen.query(Toast))) == 2, 10, "both toasts")
+            await wait_until(lambda: len(list(app.screen.query(Toast))) == 2, 30, "both toasts")
             await pilot.pause(0.3)
             notes = {n.message for n in app._notifications}
             assert any(m.startswith("silenced nvlink.link_down on n1 for 2 h") and len(m) > 80 for m in notes), notes
