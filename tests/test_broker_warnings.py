@@ -55,7 +55,7 @@ async def test_an_anonymous_broker_is_said_once_across_reconnects_and_sessions(t
         settings = MqttSettings(url=broker.url, keepalive_s=2, timeout_s=2)
         a, b = session(settings), session(settings)  # e.g. nvmon fleet's subscriber and its controls
         async with running(a, "a"), running(b, "b"):
-            await wait_until(lambda: a.connected and b.connected, 5, "both connected")
+            await wait_until(lambda: a.connected and b.connected, 15, "both connected")
             broker.restart()
             await wait_until(lambda: a.stats.connects == 2 and b.stats.connects == 2, 10, "both back")
     assert warnings(caplog) == [f"test {broker.url}: connected without a username or client certificate: the "
@@ -71,7 +71,7 @@ async def test_a_password_over_plain_mqtt_is_said_before_it_travels(tmp_path, ca
     with Broker(tmp_path, users={"gpu-001": "s3cret"}) as broker:
         s = session(MqttSettings(url=broker.url, username="gpu-001", password_file=str(pw), timeout_s=2))
         async with running(s, "s"):
-            await wait_until(lambda: s.connected, 5, "connected")
+            await wait_until(lambda: s.connected, 15, "connected")
             broker.restart()
             await wait_until(lambda: s.stats.connects == 2, 10, "back")
     assert warnings(caplog) == [f"test {broker.url}: the password of user 'gpu-001' travels unencrypted "
@@ -90,7 +90,7 @@ async def test_tls_and_a_login_say_nothing(tmp_path, caplog):
     with Broker(tmp_path, users={"gpu-001": "s3cret"}, tls=tls) as broker:
         s = session(MqttSettings(url=broker.url, username="gpu-001", password_file=str(pw), ca_file=str(tls.ca)))
         async with running(s, "s"):
-            await wait_until(lambda: s.connected, 5, "connected")
+            await wait_until(lambda: s.connected, 15, "connected")
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
