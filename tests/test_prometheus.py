@@ -533,7 +533,9 @@ def test_keep_alive_pipelining_http10_and_unread_answers(tiny):
         greedy = socket.create_connection(("127.0.0.1", server.port))
         greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         greedy.sendall(req * 20)
-        time.sleep(1.5)
+        deadline = time.monotonic() + 15  # cut at write_s (0.5 s); awaited, not a fixed 1.5 s
+        while (server.write_timeouts, server.connections) != (1, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert server.write_timeouts == 1 and server.connections == 0
         assert http(server.port)[0] == 200
         greedy.close()
