@@ -236,7 +236,7 @@ class Recorder:
             if self.cert_file:
                 ctx.load_cert_chain(self.cert_file, self.key_file)
         self._client = aiomqtt.Client(host, int(port), tls_context=ctx, username=self.username,
-                                      password=self.password, timeout=5)
+                                      password=self.password, timeout=10)
         await self._client.__aenter__()
         await self._client.subscribe(self.filter, qos=1)
         self._task = asyncio.create_task(self._collect())

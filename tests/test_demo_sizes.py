@@ -127,7 +127,7 @@ def test_a_killed_demo_leaves_no_broker_behind(tmp_path):
         assert len(brokers) == 1
         proc.kill()  # no chance to stop anything itself
         proc.wait(10)
-        gone, alive = psutil.wait_procs(brokers, timeout=5)
+        gone, alive = psutil.wait_procs(brokers, timeout=15)
         assert not alive, alive
     finally:
         if proc.poll() is None:

@@ -323,7 +323,7 @@ def test_renders_ahead_while_scraped_every_tick():
             ex.page()
         renders = ex.collector.renders
         ex.update(replace(s, ts=s.ts + 3))  # the render thread renders without waiting for a scrape
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15
         while ex.collector.renders == renders and time.monotonic() < deadline:
             time.sleep(0.01)
         assert ex.collector.renders == renders + 1
