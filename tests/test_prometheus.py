@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -682,13 +681,6 @@ class Daemon:
                 raise AssertionError(f"no /metrics: {self.log.read_text()}")
             time.sleep(0.1)
 
-    def ticks(self) -> int:
-        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            return con.execute("SELECT count(*) FROM ticks").fetchone()[0]
-        finally:
-            con.close()
-
     def stop(self) -> int:
         self.proc.terminate()
         rc = self.proc.wait(10)
@@ -773,7 +765,7 @@ def test_active_alerts_and_hook_deliveries_are_exported(tmp_path):
 
 def test_bad_scrapes_leave_sampling_untouched(daemon):
     port = daemon.port
-    before = daemon.ticks()
+    fams0 = parse(daemon.scrape())
     t0 = time.monotonic()
     assert http(port, method="HEAD")[2] == b"" and http(port, "/favicon.ico")[0] == 404
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]  # connect, send nothing
@@ -790,10 +782,14 @@ def test_bad_scrapes_leave_sampling_untouched(daemon):
     for s in idle + [slow, unread]:
         s.close()
     elapsed = time.monotonic() - t0
-    ticks = daemon.ticks() - before
-    assert ticks >= elapsed / 0.25 * 0.6, f"{ticks} ticks in {elapsed:.1f} s"
     fams = parse(daemon.scrape())
-    assert value(fams, "nvmon_daemon_missed_ticks_total") <= 2
+    # Sampling went on through it (the daemon's own counters, over this test's window only): a
+    # sampler the server held up would have next to no ticks while held; a loaded test machine
+    # costs a few ticks too, so the bounds sit far from both (40 % of the 0.25 s grid).
+    due = elapsed / 0.25
+    ticks = value(fams, "nvmon_daemon_ticks_total") - value(fams0, "nvmon_daemon_ticks_total")
+    missed = value(fams, "nvmon_daemon_missed_ticks_total") - value(fams0, "nvmon_daemon_missed_ticks_total")
+    assert ticks >= due * 0.4 and missed <= due * 0.4, f"{ticks} ticks, {missed} missed in {elapsed:.1f} s"
     assert value(fams, "nvmon_daemon_sample_errors_total") == 0
     log = daemon.log.read_text()
     assert "Traceback" not in log and " ERROR" not in log, log
