@@ -130,9 +130,12 @@ async def test_broker_outage_leaves_no_gap_and_publishing_resumes(tmp_path):
             broker.start()
             up_at = time.time()
             async with Recorder(broker.url, "nvmon/v1/t/n1/#") as rec:
-                await rec.wait_for("status", lambda m: status_of(m) == "online", timeout=8)
-                await rec.wait_for("sample", timeout=8)
-                assert time.time() - up_at < 8  # spec: publishing again within 5 s of the broker's return (+ slack for this subscriber's own connect)
+                await rec.wait_for("status", lambda m: status_of(m) == "online", timeout=15)
+                await rec.wait_for("sample", timeout=15)
+                # Spec: publishing again within 5 s of the broker's return (the daemon's backoff is
+                # capped at 4 s). 10 s is room for a slow machine and this subscriber's own connect;
+                # an uncapped backoff would have its next attempt up to 16 s after the return.
+                assert time.time() - up_at < 10
                 await rec.wait_for("inventory", timeout=15)
             assert d.alive()
         finally:
