@@ -209,7 +209,7 @@ async def test_a_shared_silence_keeps_a_running_daemons_new_alert_from_its_hooks
                 d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100,nvlink_down=2.5@6",
                                extra_toml=ALERTS_TOML + hooks).start()
                 try:
-                    await rec.wait_for("status", timeout=10)  # the daemon is connected (and subscribed)
+                    await rec.wait_for("status", timeout=30)  # the daemon is connected (and subscribed)
                     r = nvmon("alerts", "silence", "--match", "node=n1", "--match", "code=nvlink.*", "--for", "2h",
                               "--broker", broker.url, "--cluster", "t", "--db", str(tmp_path / "none.db"),
                               "--comment", "bridge swap")
@@ -246,13 +246,13 @@ async def test_a_shared_ack_stops_repeats_and_garbage_on_the_topic_is_counted_an
                 d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100,nvlink_down=2.5@1",
                                extra_toml=ALERTS_TOML + hooks).start()
                 try:
-                    await rec.wait_for("status", timeout=10)  # connected and subscribed
+                    await rec.wait_for("status", timeout=30)  # connected and subscribed
                     # Garbage first: refused, counted, the daemon carries on.
                     async with make_client(MqttSettings(url=broker.url), client_id="garbage") as c:
                         for junk in (b"\x1b[2J not json", b'{"schema":1,"ts":1,"cluster":"t","acks":[{}]}'):
                             await c.publish("nvmon/v1/t/@controls", junk, qos=1)
-                    await wait_until(lambda: "refused (2 so far)" in d.log_text(), 10, "both refused")
-                    await wait_until(lambda: len(receiver.bodies("/w")) >= 3, 10, "firing + repeats")
+                    await wait_until(lambda: "refused (2 so far)" in d.log_text(), 30, "both refused")
+                    await wait_until(lambda: len(receiver.bodies("/w")) >= 3, 30, "firing + repeats")
                     fp = receiver.bodies("/w")[0]["fingerprint"]
                     r = nvmon("alerts", "ack", fp[:8], "--broker", broker.url, "--db", str(tmp_path / "none.db"))
                     assert r.returncode == 0, r.stderr
@@ -352,9 +352,9 @@ async def test_tui_keys_publish_the_ack_and_a_silence_on_the_apps_broker(tmp_pat
             async with app.run_test(size=(160, 48)) as pilot:
                 await pilot.press("a")
                 await pilot.press("k")
-                await wait_until(lambda: any(c["acks"] for c in controls_on(rec)), 10, "the ack on the broker")
+                await wait_until(lambda: any(c["acks"] for c in controls_on(rec)), 30, "the ack on the broker")
                 await pilot.press("x")
-                await wait_until(lambda: any(c["silences"] for c in controls_on(rec)), 10, "the silence")
+                await wait_until(lambda: any(c["silences"] for c in controls_on(rec)), 30, "the silence")
                 await pilot.pause()
                 notes = [n.message for n in app._notifications]
                 from textual.widgets import DataTable
@@ -384,6 +384,6 @@ async def test_tui_key_without_a_reachable_broker_says_why(tmp_path):
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.press("a")
         await pilot.press("x")
-        await wait_until(lambda: any(n.message.startswith("silence not shared:") for n in app._notifications), 10,
+        await wait_until(lambda: any(n.message.startswith("silence not shared:") for n in app._notifications), 30,
                          "the failure notice")
         assert app.subscriber_error is None  # the subscriber is not blamed for it

@@ -57,7 +57,7 @@ async def test_an_anonymous_broker_is_said_once_across_reconnects_and_sessions(t
         async with running(a, "a"), running(b, "b"):
             await wait_until(lambda: a.connected and b.connected, 15, "both connected")
             broker.restart()
-            await wait_until(lambda: a.stats.connects == 2 and b.stats.connects == 2, 10, "both back")
+            await wait_until(lambda: a.stats.connects == 2 and b.stats.connects == 2, 30, "both back")
     assert warnings(caplog) == [f"test {broker.url}: connected without a username or client certificate: the "
                                 "broker is unauthenticated; anyone who reaches it may publish as any node or "
                                 f"silence alerts; give each client an account ({SECTION})"]
@@ -73,7 +73,7 @@ async def test_a_password_over_plain_mqtt_is_said_before_it_travels(tmp_path, ca
         async with running(s, "s"):
             await wait_until(lambda: s.connected, 15, "connected")
             broker.restart()
-            await wait_until(lambda: s.stats.connects == 2, 10, "back")
+            await wait_until(lambda: s.stats.connects == 2, 30, "back")
     assert warnings(caplog) == [f"test {broker.url}: the password of user 'gpu-001' travels unencrypted "
                                 f"(mqtt://, no TLS); use an mqtts:// broker ({SECTION})"]
     first_attempt = next(i for i, r in enumerate(caplog.records) if "connected as" in r.getMessage())

@@ -234,11 +234,11 @@ async def test_control_messages_are_coalesced_and_wait_for_their_cluster(tmp_pat
         settings = MqttSettings(url=broker.url)
         state = FleetState()
         async with subscribed(settings, state, controls=lambda t, p: got.append((t, p))) as sub:
-            await wait_until(lambda: sub.status.connected, 10, "connected")
+            await wait_until(lambda: sub.status.connected, 30, "connected")
             async with make_client(settings, client_id="ops") as c:
                 await c.publish(topic("real", "n1", "status"),
                                 status_payload("online", version="1", interval_s=1, ts=now), qos=1)
-                await wait_until(lambda: state.has_cluster("real"), 10, "a node of cluster real")
+                await wait_until(lambda: state.has_cluster("real"), 30, "a node of cluster real")
                 for n in range(1, 61):  # a burst: 60 sets on one topic, the last with 60 silences
                     await c.publish(control_topic("real"), payload("real", n), qos=1)
                 for k in range(20):  # @controls of clusters that have no node
@@ -250,7 +250,7 @@ async def test_control_messages_are_coalesced_and_wait_for_their_cluster(tmp_pat
                 assert {t for t, _ in got} == {control_topic("real")}
                 await c.publish(topic("ghost3", "n1", "status"),
                                 status_payload("online", version="1", interval_s=1, ts=now), qos=1)
-                await wait_until(lambda: control_topic("ghost3") in {t for t, _ in got}, 10,
+                await wait_until(lambda: control_topic("ghost3") in {t for t, _ in got}, 30,
                                  "ghost3's controls once it has a node")
     s = sub.status
     assert s.controls + s.controls_coalesced == 60 + 1 and s.controls_dropped == 0

@@ -103,10 +103,10 @@ def test_two_instances_are_one_alert_in_alertmanager_and_either_one_resolves_it(
 
             fp = fingerprint("node.offline", cluster, victim)
             for f in (f1, f2):  # both instances judged it, under one identity
-                [line] = wait_for(lambda f=f: firing_lines(f, "node.offline"), 10, "node.offline in each instance")
+                [line] = wait_for(lambda f=f: firing_lines(f, "node.offline"), 30, "node.offline in each instance")
                 assert f"on {cluster}/{victim} ({fp})" in line, line
             for f in (f1, f2):
-                wait_for(lambda f=f: re.search(r"hook alertmanager: 1 firing alert\(s\) delivered", f.text()), 10,
+                wait_for(lambda f=f: re.search(r"hook alertmanager: 1 firing alert\(s\) delivered", f.text()), 30,
                          "each instance's delivery")
             [a] = am.alerts(alertname="node.offline")  # one alert, not two
             sim_label = a["labels"].pop("sim")  # the inventory's labels: the simulated board's spec
@@ -116,7 +116,7 @@ def test_two_instances_are_one_alert_in_alertmanager_and_either_one_resolves_it(
             assert a["annotations"]["fingerprint"] == fp and a["status"]["state"] == "active"
             assert len(am.alerts()) == 1  # nothing else fired: the healthy nodes are quiet
             # Alertmanager's own receiver: one alert per notification, that one
-            note = wait_for(lambda: [b for b in receiver.bodies("/am") if b["status"] == "firing"], 10,
+            note = wait_for(lambda: [b for b in receiver.bodies("/am") if b["status"] == "firing"], 30,
                             "Alertmanager's firing notification")[0]
             assert [x["labels"]["node"] for x in note["alerts"]] == [victim]
 
@@ -129,7 +129,7 @@ def test_two_instances_are_one_alert_in_alertmanager_and_either_one_resolves_it(
             wait_for(lambda: "fleet alert resolved: critical node.offline" in f2.text(), 20, "f2 to resolve it")
             wait_for(lambda: am.alerts(alertname="node.offline") == [], 10, "the alert to leave Alertmanager")
             assert re.search(r"hook alertmanager: 1 resolved alert\(s\) delivered", f2.text())
-            wait_for(lambda: [b for b in receiver.bodies("/am") if b["status"] == "resolved"], 10,
+            wait_for(lambda: [b for b in receiver.bodies("/am") if b["status"] == "resolved"], 30,
                      "Alertmanager's resolved notification")
             assert "Traceback" not in f1.text() + f2.text()
         finally:

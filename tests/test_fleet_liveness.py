@@ -74,7 +74,7 @@ async def test_tui_started_late_shows_true_ages_and_the_fleet_rules_alerts(tmp_p
 
             # Forgotten (its retained status cleared): the row goes, with no "resolved" left behind.
             await retain(broker.url, [(topic(C, "dead", "status"), b"")])
-            await wait_until(lambda: set(alert_rows(app)) == {("stopped", "node.offline")}, 10, "dead forgotten")
+            await wait_until(lambda: set(alert_rows(app)) == {("stopped", "node.offline")}, 30, "dead forgotten")
             assert ("lv", "dead") not in app.state.nodes and not app.alert_log.resolved
             assert "alerts 1" in plain(app.screen.query_one("#info", Static))
 
@@ -153,7 +153,7 @@ async def test_nvmon_fleet_started_late_pages_true_ages_and_forget_ends_without_
             assert "offline for up to 6 min: connection lost" in got["dead"]["summary"]
             r = nvmon("forget", "dead", "--broker", broker.url, "--cluster", C, "--yes", "--settle", "1")
             assert r.returncode == 0, r.stderr
-            await wait_until(lambda: "fleet alert forgotten" in f.text(), 10, "the forgotten alert logged")
+            await wait_until(lambda: "fleet alert forgotten" in f.text(), 30, "the forgotten alert logged")
             await asyncio.sleep(3)  # a resolved page would go out with the forget: room for its hook's start
             assert len(pages(out)) == 2  # no resolved page for the forgotten node
             rc, _ = f.stop()

@@ -112,16 +112,16 @@ async def test_broker_restart_subscriber_reconnects(tmp_path):
         state = FleetState()
         async with sim_fleet(broker.url, 5, cluster=cluster), \
                 subscribed(settings(broker.url), state, cluster=cluster, backoff=FAST, sweep_every_s=0.1) as sub:
-            await wait_until(lambda: online(state, 5), timeout=10, what="5 nodes online")
+            await wait_until(lambda: online(state, 5), timeout=30, what="5 nodes online")
             broker.stop()
             await wait_until(lambda: not sub.status.connected, what="the subscriber to notice")
             # Silence turns nodes stale; Mosquitto also publishes some wills as it shuts down.
             await wait_until(lambda: state.counts(time.time())["online"] == 0, what="no node online without a broker")
             assert sub.status.last_error
             broker.start()  # same port; retained state is gone: publishers must re-announce
-            await wait_until(lambda: sub.status.connected and sub.status.connects == 2, timeout=10,
+            await wait_until(lambda: sub.status.connected and sub.status.connects == 2, timeout=30,
                              what="the subscriber to reconnect")
-            await wait_until(lambda: online(state, 5), timeout=10, what="5 nodes online again")
+            await wait_until(lambda: online(state, 5), timeout=30, what="5 nodes online again")
 
 
 async def test_unreachable_broker_is_reported(tmp_path):

@@ -64,9 +64,9 @@ async def test_kill_9_of_nvmon_fleet_during_a_hook_outage_delivers_after_restart
             node.kill()  # kill -9: its will pages node.offline
             await wait_until(lambda: any(s == "firing" and c == "node.offline" for _, s, c in outbox_rows(db)), 15,
                              "the page waiting in the outbox")
-            await wait_until(lambda: any(code == 500 for _, _, code, _ in receiver.requests), 10,
+            await wait_until(lambda: any(code == 500 for _, _, code, _ in receiver.requests), 30,
                              "a failed attempt (the receiver is down)")
-            await wait_until(lambda: any(a["code"] == "node.offline" for a in saved_firing(db)), 10,
+            await wait_until(lambda: any(a["code"] == "node.offline" for a in saved_firing(db)), 30,
                              "the episode saved (a restart takes it back instead of paging anew)")
             assert receiver.delivered("/wh") == []
             f.kill()  # kill -9 during the outage

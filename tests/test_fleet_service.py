@@ -112,7 +112,7 @@ async def test_dead_daemons_page_node_offline_within_keepalive(tmp_path):
             async with Recorder(broker.url, f"nvmon/v1/{cluster}/+/+") as rec:
                 for n in daemons:
                     await rec.wait_for("sample", lambda m, n=n: f"/{n}/" in m.topic, timeout=15)
-                await wait_until(lambda: "subscribed to" in f.text(), 10, "nvmon fleet subscribed")
+                await wait_until(lambda: "subscribed to" in f.text(), 30, "nvmon fleet subscribed")
                 await asyncio.sleep(2.5)  # past the fleet's settle time, so it judges the nodes
                 killed = time.time()
                 daemons["n1"].kill()
@@ -184,7 +184,7 @@ async def test_rack_over_budget_pages_once_and_restart_does_not_page_again(tmp_p
             assert [(x["code"], x["status"]) for x in json.loads(listed.stdout)] == [("rack.power", "firing")]
 
             f2 = fleet(tmp_path, broker.url, cluster, cfg, db, name="fleet2").start()
-            await wait_until(lambda: "restored" in f2.text(), 10, "alerts restored")
+            await wait_until(lambda: "restored" in f2.text(), 30, "alerts restored")
             await asyncio.sleep(4)  # settle (2 s) and then evaluations with the rack still over budget
             assert len(pages(out)) == 1, pages(out)
             assert "1 active alerts restored" in f2.text()

@@ -245,10 +245,10 @@ async def test_acks_by_the_cli_and_over_the_broker_reach_pagerduty_as_acknowledg
                 local, shared = by_code["pcie.width"], by_code["nvlink.link_down"]
                 r = nvmon("alerts", "ack", local[:8], "--db", str(d.db), "--by", "alice")
                 assert r.returncode == 0, r.stderr
-                await wait_until(lambda: local in events("acknowledge"), 10, "the local ack sent on")
+                await wait_until(lambda: local in events("acknowledge"), 30, "the local ack sent on")
                 r = nvmon("alerts", "ack", shared[:8], "--broker", broker.url, "--db", str(tmp_path / "none.db"))
                 assert r.returncode == 0, r.stderr
-                await wait_until(lambda: shared in events("acknowledge"), 10, "the shared ack sent on")
+                await wait_until(lambda: shared in events("acknowledge"), 30, "the shared ack sent on")
                 await asyncio.sleep(2.5)  # another round of controls: no second acknowledge
             finally:
                 assert d.stop() == 0

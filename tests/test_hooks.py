@@ -310,7 +310,7 @@ async def test_exec_timeout_kills_the_program_and_exit_status_is_logged(tmp_path
                         hook("exec", name="ok", command=["/bin/true"])], backoff=FAST)
     async with running(d):
         d.submit([alert()])
-        await until(lambda: stats(d, "slow").failed == 1 and stats(d, "failing").failed == 1, timeout=10)
+        await until(lambda: stats(d, "slow").failed == 1 and stats(d, "failing").failed == 1, timeout=30)
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

@@ -113,7 +113,7 @@ async def test_packets_go_out_as_they_are_published_and_a_full_socket_falls_back
                 big = os.urandom(16 << 20)  # far more than a socket buffer takes at once
                 await client.publish("wat/big", big, qos=0)
                 assert to_loop and not paho.want_write()
-            await wait_until(lambda: len(rec.messages) == 5, timeout=10, what="every message")
+            await wait_until(lambda: len(rec.messages) == 5, timeout=30, what="every message")
     got = {m.topic: m.payload for m in rec.messages}
     assert got["wat/small"] == b"x" * 1900 and got["wat/sample"] == b"y" * 1900
     assert got["wat/status"] == b"z" * 300 and got["wat/big"] == big

@@ -65,7 +65,7 @@ def test_a_daemons_alert_reaches_an_ha_pair_with_gpu_and_runbook_and_resolves(tm
         for i, am in enumerate(ams, 1):
             [group] = [g for g in am.groups() if g["alerts"]]
             assert group["labels"] == {"cluster": "t", "node": "prom-1"}
-            note = wait_for(lambda i=i: [b for b in receiver.bodies(f"/am{i}") if b["status"] == "firing"], 10,
+            note = wait_for(lambda i=i: [b for b in receiver.bodies(f"/am{i}") if b["status"] == "firing"], 30,
                             "Alertmanager's firing notification")[0]
             assert note["groupLabels"] == {"cluster": "t", "node": "prom-1"}
             assert note["alerts"][0]["labels"]["gpu"] == "3"
@@ -80,7 +80,7 @@ def test_a_daemons_alert_reaches_an_ha_pair_with_gpu_and_runbook_and_resolves(tm
         for am in ams:
             wait_for(lambda am=am: am.alerts(alertname="pcie.width") == [], 5, "the alert to leave Alertmanager")
         for i in (1, 2):
-            wait_for(lambda i=i: [b for b in receiver.bodies(f"/am{i}") if b["status"] == "resolved"], 10,
+            wait_for(lambda i=i: [b for b in receiver.bodies(f"/am{i}") if b["status"] == "resolved"], 30,
                      "Alertmanager's resolved notification")
         log = d.log.read_text()
         assert "resolved alert(s) delivered (HTTP 200 from 2 servers)" in log and "Traceback" not in log

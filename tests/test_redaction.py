@@ -94,7 +94,7 @@ async def test_dispatcher_log_and_stats_show_no_secret(tmp_path, receiver, caplo
     d = HookDispatcher([h.model_copy(update={"retries": 1}) for h in hooks])
     async with running(d):
         d.submit([alert()])
-        await until(lambda: all(s.failed == 1 for s in d.stats()), timeout=10)
+        await until(lambda: all(s.failed == 1 for s in d.stats()), timeout=30)
     assert "HTTP 500" in caplog.text
     assert leaks(caplog.text) == [], caplog.text
     for s in d.stats():

@@ -152,7 +152,7 @@ async def test_the_section_as_written(tmp_path):
         run_sh(blocks("sh", "# broker host, optional: each node writes under its own cluster"), work, root, pidfile)
         acl = (etc / "mosquitto" / "nvmon.acl").read_text()
         assert "\npattern write" not in acl and "\nuser gpu-001\ntopic write nvmon/v1/prod/gpu-001/+\n" in acl
-        await wait_until(lambda: broker.log_text().count("Reloading config") > reloads, 10, "the reload")
+        await wait_until(lambda: broker.log_text().count("Reloading config") > reloads, 30, "the reload")
         async with Recorder(broker.url, "nvmon/v1/#", ca_file=str(tls.ca), username="@view", password="pw-@view") as rec:
             async with make_client(settings(broker.url, tls.ca, "gpu-001", plain["gpu-001"]), client_id="t-n") as c:
                 await c.publish("nvmon/v1/c1/gpu-001/sample", b"{}", qos=1)  # another cluster: dropped now

@@ -201,7 +201,7 @@ async def test_silence_toast_is_whole_at_80x24(tmp_path):
         await publish_alerts(broker.url, "t", "n1", now)
         app = NvmonApp(MqttSettings(url=broker.url), cluster="t", source="toast test", refresh_s=0.1)
         async with app.run_test(size=SMALL, notifications=True) as pilot:
-            await wait_until(lambda: app.subscriber.status.connected, 10, "the subscriber")
+            await wait_until(lambda: app.subscriber.status.connected, 30, "the subscriber")
             await pilot.press("a")
             await wait_until(lambda: app.screen.query_one(DataTable).row_count == 2, 30, "the node's alerts")
             await pilot.press("k")
