@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from mqtt_broker import free_port
+from mqtt_broker import free_port, wait_until
 from textual.widgets import DataTable, Input, Static
 from tuifleet import OFFLINE, STALE, column_plain, header, make_app, plain, shared_showcase, showcase
 
@@ -279,13 +279,10 @@ async def test_broker_lost_banner_without_a_broker():
     port = free_port()  # nobody listens here
     app = NvmonApp(MqttSettings(url=f"mqtt://127.0.0.1:{port}", timeout_s=1), source="nowhere", refresh_s=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
-        for _ in range(50):
-            await pilot.pause(0.1)
-            if app.header_info is not None and app.header_info.error:
-                break
+        await wait_until(lambda: app.header_info is not None and app.header_info.error, 30, "the connection error")
+        await wait_until(lambda: app.screen.query_one("StatusHeader").has_class("-lost"), 30, "the banner")
         await pilot.pause(0.3)
         banner = app.screen.query_one("#banner", Static)
-        assert app.screen.query_one("StatusHeader").has_class("-lost")
         assert "broker lost" in plain(banner) and "reconnecting" in plain(banner)
 
 

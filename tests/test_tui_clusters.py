@@ -14,7 +14,7 @@ import time
 import click
 import pytest
 from click.testing import CliRunner
-from mqtt_broker import Broker, needs_mosquitto
+from mqtt_broker import Broker, needs_mosquitto, wait_until
 from test_cluster_summary import T0, summary
 from tuifleet import plain
 
@@ -44,8 +44,9 @@ def rows(app) -> dict[str, list[str]]:
 async def test_overview_rows_alerts_and_drilling():
     app = ClustersApp(None, board=board(), clock=lambda: T0)
     async with app.run_test(size=(140, 30)) as pilot:
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, ClustersScreen)
+        # each step awaits the screen it leads to (a state), not a fixed pause a slow machine can outrun
+        await wait_until(lambda: isinstance(app.screen, ClustersScreen) and app.screen.table.row_count == 3, 30,
+                         "the overview's rows")
         shown = rows(app)
         assert list(shown) == ["a", "b", "c"]
         assert shown["a"] == ["a", "✓ live 1s", "8/10 ⚠1 ✗1", "✗1 ⚠2 ℹ0 ", "31.4 ✗1 rack over",
@@ -58,25 +59,23 @@ async def test_overview_rows_alerts_and_drilling():
         assert [(r.key, r.alert.code) for r in app.alert_log.fleet] == [(("b", "fleet"), "cluster.unreachable")]
         assert info.alerts == 1 + 3 + 3
         await pilot.press("question_mark")  # the help says what the overview is and how to get around
-        await pilot.pause(0.2)
+        await wait_until(lambda: app.screen.query("#help-body"), 30, "the help")
         assert "Enter opens a cluster, its nodes live" in plain(app.screen.query_one("#help-body"))
         await pilot.press("escape", "a")
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, AlertsScreen)
+        await wait_until(lambda: isinstance(app.screen, AlertsScreen), 30, "the alerts screen")
         await pilot.press("escape")
-        await pilot.pause(0.2)
+        await wait_until(lambda: isinstance(app.screen, ClustersScreen), 30, "the overview again")
         await pilot.press("down", "enter")  # open b
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, ClusterFleetScreen) and app.drilled == "b" and app.header_info.cluster == "b"
+        await wait_until(lambda: isinstance(app.screen, ClusterFleetScreen) and app.drilled == "b"
+                         and app.header_info.cluster == "b", 30, "b's fleet screen")
         await pilot.press("slash", "x")  # a filter: the first Esc clears it, the second goes back
         await pilot.pause(0.2)
         await pilot.press("escape")
         await pilot.pause(0.2)
         assert isinstance(app.screen, ClusterFleetScreen)
         await pilot.press("escape")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, ClustersScreen) and app.drilled is None
-        assert app.header_info.cluster == "3 clusters"
+        await wait_until(lambda: isinstance(app.screen, ClustersScreen) and app.drilled is None
+                         and app.header_info.cluster == "3 clusters", 30, "back on the overview")
 
 
 def nvmon(*args: str) -> subprocess.CompletedProcess:
