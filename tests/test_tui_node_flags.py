@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from mqtt_broker import Broker, needs_mosquitto
+from mqtt_broker import Broker, needs_mosquitto, wait_until
 from textual.widgets import Static
 from tuifleet import column_plain, make_app, plain, showcase
 
@@ -106,11 +106,16 @@ async def test_nodes_lists_the_flags_and_problems_keeps_them(tmp_path):
             for node, ts in (("fine", now), ("ahead", now + 630), ("twin", now)):
                 await client.publish(topic(c, node, "status"),
                                      status_payload("online", version="1", interval_s=60, ts=ts), qos=1, retain=True)
-            readers = {name: nodes_json(broker.url, c, *args) for name, args in
+            connected = broker.log_text().count("New client connected")
+            readers = {name: nodes_json(broker.url, c, *args, settle=8.0) for name, args in
                        (("json", ("--json",)), ("problems", ("--json", "--problems")), ("table", ()))}
-            # flips for the first 4 s of the readers' 6: each, subscribed within a second or two, sees
-            # more than the 6 within 15 s that tell two sessions taking turns; then twin stays online
-            for i in range(40):  # the last (i = 39) online
+            # the flips start once all three readers are in (a loaded machine takes seconds to start
+            # them) and last 2 s of their 8: each sees more than the 6 within 15 s that tell two
+            # sessions taking turns, and twin online at the end (readers up to 5 s apart)
+            await wait_until(lambda: broker.log_text().count("New client connected") >= connected + 3, 30,
+                             "the three nvmon nodes connected")
+            await asyncio.sleep(0.3)  # and subscribed (right after their connect)
+            for i in range(20):  # the last (i = 19) online
                 state = "offline" if i % 2 == 0 else "online"
                 await client.publish(topic(c, "twin", "status"),
                                      status_payload(state, version="1", interval_s=60, ts=time.time(),
