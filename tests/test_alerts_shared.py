@@ -387,3 +387,21 @@ async def test_tui_key_without_a_reachable_broker_says_why(tmp_path):
         await wait_until(lambda: any(n.message.startswith("silence not shared:") for n in app._notifications), 30,
                          "the failure notice")
         assert app.subscriber_error is None  # the subscriber is not blamed for it
+
+
+async def test_a_writer_finds_the_set_by_the_order_of_packets_not_a_clock(tmp_path):
+    """A write reads the retained set first (read-modify-write). Whether there is one is told by
+    the order of packets (the subscription made twice: the second SUBACK comes after the first's
+    retained message), so a writer given no time at all (grace 0, as a process starved for
+    seconds would be) still finds and keeps the set, and an absent set is told at once."""
+    with Broker(tmp_path) as broker:
+        settings = MqttSettings(url=broker.url)
+        async with make_client(settings, client_id="seed") as c:
+            await c.publish(TOPIC, controls_payload(a_set()), qos=1, retain=True)
+        for _ in range(5):  # a race, if there were one, would show in some of them
+            new = await update_shared(settings, "c1", lambda cs: cs.with_ack(
+                SharedAck("99aa99aa99aa99aa", T, T, "carol")), wait_s=0.0, clock=lambda: T + 1)
+            assert [s.id for s in new.silences] == ["ab12cd34"]
+            assert {a.fingerprint for a in new.acks} == {"3f2a9c1d00aa11bb", "99aa99aa99aa99aa"}
+        fresh = await update_shared(settings, "c-new", lambda cs: cs, wait_s=0.0)
+        assert fresh.silences == () and fresh.acks == ()

@@ -41,11 +41,11 @@ from nvmon.alerts.model import Silence, iso
 from nvmon.alerts.settings import DEFAULT_MAX_SILENCE_H
 from nvmon.wire.contract import Alert, WireError, control_subscription, control_topic, subscription, valid_name
 from nvmon.wire.control import ControlSet, SharedAck, SharedSilence, controls_payload, empty, parse_controls, read_controls
-from nvmon.wire.mqtt import MqttSettings, make_client
+from nvmon.wire.mqtt import MqttSettings, make_client, retained_message
 
 log = logging.getLogger("nvmon.alerts")
 
-RETAINED_WAIT_S = 1.0  # how long a writer waits for the retained set after subscribing
+RETAINED_WAIT_S = 1.0  # after the subscription is confirmed, how long a reader still waits for the retained set
 DEFAULT_MAX_SILENCE_S = DEFAULT_MAX_SILENCE_H * 3600.0
 LOG_PER_MESSAGE = 10  # new silences logged one by one per control message; the rest summed up
 _GLOB = re.compile(r"[*?\[]")
@@ -216,18 +216,6 @@ def _client_id(what: str) -> str:
     return f"nvmon-{what}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-async def _first_message(client, topic: str, wait_s: float) -> bytes | None:
-    """The retained message on `topic` (subscribed already), or None if none comes in `wait_s`."""
-    try:
-        async with asyncio.timeout(wait_s):
-            async for m in client.messages:
-                if str(m.topic) == topic:
-                    return bytes(m.payload)
-    except TimeoutError:
-        pass
-    return None
-
-
 async def update_shared(settings: MqttSettings, cluster: str, change: Callable[[ControlSet], ControlSet], *,
                         wait_s: float = RETAINED_WAIT_S, clock: Callable[[], float] = time.time) -> ControlSet:
     """Read the cluster's retained set, apply `change`, prune, publish it back; returns the set
@@ -236,8 +224,7 @@ async def update_shared(settings: MqttSettings, cluster: str, change: Callable[[
     OSError: `describe_error` words them) if the broker cannot be reached."""
     topic = control_topic(cluster)
     async with make_client(settings, client_id=settings.client_id or _client_id("controls")) as client:
-        await client.subscribe(topic, qos=1)
-        current = await _first_message(client, topic, wait_s)
+        current = await retained_message(client, topic, grace_s=wait_s)
         try:
             cs = empty(cluster) if current is None else read_controls(cluster, current)
         except WireError as e:
@@ -251,8 +238,7 @@ async def read_shared(settings: MqttSettings, cluster: str, *, wait_s: float = R
     """The cluster's retained set as it is now (empty if there is none). Raises like update_shared."""
     topic = control_topic(cluster)
     async with make_client(settings, client_id=settings.client_id or _client_id("controls")) as client:
-        await client.subscribe(topic, qos=1)
-        current = await _first_message(client, topic, wait_s)
+        current = await retained_message(client, topic, grace_s=wait_s)
     return empty(cluster) if current is None else read_controls(cluster, current)
 
 

@@ -16,6 +16,7 @@ its own session instead of the two taking it from each other every second.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -271,6 +272,31 @@ def read_ahead(client: aiomqtt.Client) -> None:
     paho = client._client  # aiomqtt 2.x keeps its paho client here (pinned; see the module doc)
     if paho._sock is not None and not isinstance(paho._sock, _ReadAhead):
         paho._sock = _ReadAhead(paho._sock)
+
+
+async def retained_message(client: aiomqtt.Client, topic: str, *, grace_s: float) -> bytes | None:
+    """Subscribe to `topic` (QoS 1) and return its retained message, or None when it has none.
+
+    Absence is not judged by a clock alone: the topic is subscribed to twice, and the second
+    SUBACK comes after the retained message the first subscription brought (the broker handles a
+    client's packets in order, and so does the client), so a process starved for seconds still
+    finds the message in its queue when the second SUBACK returns. Brokers that deliver retained
+    messages apart from the SUBACK path get `grace_s` more. Only the first message on `topic` is
+    returned (the second subscription brings a copy, which is not read)."""
+    await client.subscribe(topic, qos=1)
+    await client.subscribe(topic, qos=1)
+    while len(client.messages):  # what came before the second SUBACK: read without a clock
+        m = await anext(client.messages)
+        if str(m.topic) == topic:
+            return bytes(m.payload)
+    try:
+        async with asyncio.timeout(grace_s):
+            async for m in client.messages:
+                if str(m.topic) == topic:
+                    return bytes(m.payload)
+    except TimeoutError:
+        pass
+    return None
 
 
 async def disconnect(client: aiomqtt.Client, timeout_s: float) -> None:
