@@ -144,8 +144,10 @@ async def test_mosquitto_frozen_8_s_pages_no_node(tmp_path):
     cluster = cluster_name()
     cfg, out = fleet_config(tmp_path, HOOK_RULES)
     with Broker(tmp_path) as broker:
+        # The sim nodes' keepalive 30 s too, as the fleet's (above): their pings would have the same 2 s
+        # of margin, and a node whose client gave up would send its will, a page the test forbids.
         sim = Proc(tmp_path, "sim", "sim-fleet", "--broker", broker.url, "--cluster", cluster, "--nodes", "4",
-                   "--interval", "0.5").start()
+                   "--interval", "0.5", "--keepalive", "30").start()
         f = fleet(tmp_path, broker.url, cluster, cfg, tmp_path / "fleet.db").start()
         frozen = False
         try:

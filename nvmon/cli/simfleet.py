@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 
 import click
@@ -42,10 +43,13 @@ def _faults(ctx, param, values: tuple[str, ...]) -> dict[int, str]:
 @click.option("--prefix", default="sim", show_default=True, help="Node names are PREFIX-000, PREFIX-001, ...")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Stop after this long (default: until Ctrl-C or SIGTERM), as `nvmon demo --duration`.")
+@click.option("--keepalive", type=click.IntRange(1, 3600), default=10, show_default=True, metavar="SECONDS",
+              help="Each node's MQTT keepalive, as a daemon's [mqtt] keepalive_s: the broker publishes a "
+                   "silent node's will after 1.5 × this.")
 @click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=None, hidden=True)  # old --duration
 def sim_fleet_command(nodes: int, broker: BrokerFlags, cluster: str, racks: int, interval: float,
                       faults: dict[int, str], profile: str, prefix: str, duration: float | None,
-                      seconds: float | None) -> None:
+                      keepalive: int, seconds: float | None) -> None:
     """Publish a simulated fleet to a broker, as N node daemons would.
 
     Each node has its own connection, will, retained status/inventory/alerts and one sample per
@@ -57,7 +61,7 @@ def sim_fleet_command(nodes: int, broker: BrokerFlags, cluster: str, racks: int,
 
     if duration is not None and seconds is not None:
         raise NvmonUsageError("--seconds is the old name of --duration: give one")
-    settings = broker.settings()
+    settings = dataclasses.replace(broker.settings(), keepalive_s=keepalive)
     check_broker_files(settings)
     try:
         fleet = SimFleet(settings, nodes, cluster=cluster, racks=racks, faults=faults,
