@@ -160,6 +160,16 @@ def test_table_output_is_readable():
     assert r.returncode == 2 and "nvlink.link_down" in r.stdout
 
 
+def test_piped_tables_carry_no_trailing_spaces():
+    """Piped output is laid out 200 columns wide (nothing cut for grep), without the spaces Rich
+    pads table cells with at the ends of lines (a wrapped finding's first line was padded)."""
+    for args in (("audit", "--sim", "hgx-h100,pcie_width=3:8,fabric=in_progress"), ("sample", "--sim", "hgx-h100")):
+        r = nvmon(*args, "--interval", "0.2")
+        assert r.returncode in (0, 2) and r.stdout.count("\n") > 3, r
+        padded = [ln for ln in r.stdout.splitlines() if ln != ln.rstrip()]
+        assert padded == [], (args, padded[:3])
+
+
 BAD = [
     (("sample", "--sim", "hgx-h999"), "unknown board profile"),
     (("sample", "--sim", "hgx-h100,nvlink_down=2"), "GPU.LINK"),

@@ -100,12 +100,34 @@ def on_terminal() -> bool:
     return sys.stdout.isatty()
 
 
+class _PipedOut:
+    """stdout for piped output: the spaces Rich pads a table's cells with are taken off the end of
+    each line (a file or a diff should not carry them)."""
+
+    def write(self, text: str) -> int:
+        import re
+        import sys
+
+        return sys.stdout.write(re.sub(r"[ \t]+\n", "\n", text))
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stdout.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
 def stdout_console():
     """A Rich console for a command's output: a terminal's own width; piped, 200 columns, so that
-    nothing is cut short for grep and friends (tables keep their natural width)."""
+    nothing is cut short for grep and friends (tables keep their natural width), and no trailing
+    spaces."""
     from rich.console import Console
 
-    return Console(highlight=False, width=None if on_terminal() else 200)
+    if on_terminal():
+        return Console(highlight=False)
+    return Console(highlight=False, width=200, file=_PipedOut())
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:

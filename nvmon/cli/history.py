@@ -20,7 +20,7 @@ import click
 
 from nvmon.catalog import display_unit
 from nvmon.cli.common import (DEFAULT_DB, DURATION, UNIT_CASE_HINT, UNIT_S, NvmonError, NvmonUsageError,
-                              resolve_db, unit_case_wrong)
+                              resolve_db, stdout_console, unit_case_wrong)
 from nvmon.store.errors import StoreError, describe
 from nvmon.store.metrics import DEFAULT_METRICS, KINDS, METRICS
 from nvmon.store.query import History, history, open_readonly
@@ -258,14 +258,12 @@ def _rollup_cell(t, row: list[Any], idx: list[int], scale: Scale) -> str:
 
 def _print_tables(h: History, cut: dict[str, int]) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from nvmon.render import plain
 
-    # Piped output is not cut to 80 columns: nothing downstream needs it narrow.
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    console = stdout_console()  # piped: not cut to 80 columns, nothing downstream needs it narrow
     console.print(Text(f"{_describe_source(h)}, {iso(h.since_ms)} → {iso(h.until_ms)} (UTC); "
                        f"raw ticks kept since {iso(h.raw_since_ms) or 'never'}"))
     if h.source == "rollup":
