@@ -118,6 +118,12 @@ class _PipedOut:
     def isatty(self) -> bool:
         return False
 
+    @property
+    def encoding(self) -> str:  # what Rich picks its box characters by, as it would from stdout
+        import sys
+
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
 
 def stdout_console():
     """A Rich console for a command's output: a terminal's own width; piped, 200 columns, so that
