@@ -405,3 +405,58 @@ async def test_a_writer_finds_the_set_by_the_order_of_packets_not_a_clock(tmp_pa
             assert {a.fingerprint for a in new.acks} == {"3f2a9c1d00aa11bb", "99aa99aa99aa99aa"}
         fresh = await update_shared(settings, "c-new", lambda cs: cs, wait_s=0.0)
         assert fresh.silences == () and fresh.acks == ()
+
+
+@needs_mosquitto
+async def test_a_flood_on_the_control_topic_costs_a_daemon_neither_its_journal_nor_its_ticks(tmp_path):
+    """3,000 different control sets as fast as a client can publish them: the daemon applies the
+    latest (the reader keeps each topic's newest, parsed one per loop turn), logs at most
+    LINES_PER_MIN lines a minute about what it applied instead of two per message (the set, its new
+    silence), and goes on sampling and storing."""
+    from nvmon.alerts.persist import SHARED_SILENCES_KEY
+    from nvmon.alerts.shared import LINES_PER_MIN
+    from test_daemon import tick_times
+
+    def a_silence(i: int, now: float) -> ControlSet:
+        return empty("t", now).with_silence(SharedSilence(f"{i:08x}", {"node": "n1", "code": "nvlink.*"}, now,
+                                                          now + 3600, "flood", f"set {i}"))
+
+    def applied(db: Path) -> list[str]:
+        import sqlite3
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                row = con.execute("SELECT value FROM state WHERE key = ?", (SHARED_SILENCES_KEY,)).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return []
+        return [d["id"] for d in json.loads(row[0])] if row else []
+
+    with Broker(tmp_path) as broker:
+        async with Recorder(broker.url, "nvmon/v1/t/n1/status") as rec:
+            d = DaemonProc(tmp_path, broker=broker.url, sim="hgx-h100").start()
+            try:
+                await rec.wait_for("status", timeout=30)  # connected and subscribed
+                await wait_ticks(d.db, 2, timeout=30)
+                now = __import__("time").time()
+                async with make_client(MqttSettings(url=broker.url), client_id="flood") as c:
+                    for i in range(3000):
+                        await c.publish("nvmon/v1/t/@controls", controls_payload(a_silence(i, now)), qos=0)
+                    await c.publish("nvmon/v1/t/@controls", controls_payload(a_silence(0xFFFFFF, now)), qos=1,
+                                    retain=True)
+                await wait_until(lambda: applied(d.db) == ["t/00ffffff"], 30, "the last set applied")
+                n = len(tick_times(d.db))
+                await wait_ticks(d.db, n + 3, timeout=30)  # still sampling and storing
+                assert d.alive()
+            finally:
+                assert d.stop() == 0
+    text = d.log_text()
+    lines = [ln for ln in text.splitlines() if "shared controls of cluster t:" in ln or "shared silence" in ln]
+    # One line per set and per new silence would be 6,002: at most LINES_PER_MIN in the minute this
+    # takes, and the flood said once when it reaches that (a slow daemon may have coalesced so many
+    # sets that it never does).
+    assert 2 <= len(lines) <= LINES_PER_MIN, len(lines)
+    warned = text.count(f"more than {LINES_PER_MIN} lines a minute about shared controls")
+    assert warned <= 1 and (warned == 0 or len(lines) == LINES_PER_MIN), (warned, len(lines))
+    assert "Traceback" not in d.log_text()

@@ -48,6 +48,7 @@ log = logging.getLogger("nvmon.alerts")
 RETAINED_WAIT_S = 1.0  # after the subscription is confirmed, how long a reader still waits for the retained set
 DEFAULT_MAX_SILENCE_S = DEFAULT_MAX_SILENCE_H * 3600.0
 LOG_PER_MESSAGE = 10  # new silences logged one by one per control message; the rest summed up
+LINES_PER_MIN = 40  # lines a minute about sets and silences applied, at most (a flood is counted, not logged)
 _GLOB = re.compile(r"[*?\[]")
 # Every character a node name may hold, as the wire contract says (`...` is a name, `.` is not).
 NAME_CHARS = "".join(c for c in map(chr, range(128)) if valid_name(c * 3))
@@ -151,6 +152,8 @@ class SharedControls:
         self.refused_silences = 0  # silences covering every node without `all_nodes` (each logged once)
         self.capped_silences = 0  # silences longer than max_silence_s, applied only up to it
         self.last_error: str | None = None
+        self._said: list[float] = []  # monotonic times of the lines about applied controls in the last minute
+        self._unsaid = 0  # such lines left out since the last one logged (more than LINES_PER_MIN a minute)
 
     def apply(self, topic: str, payload: bytes) -> bool:
         self.received += 1
@@ -163,16 +166,36 @@ class SharedControls:
                 log.warning("alerts: shared controls on %s refused (%d so far), the previous set stays: %s",
                             str(topic)[:120], self.malformed, e)
             return False
+        prev = self.received_sets.get(cs.cluster)
         self.sets[cs.cluster] = self._vet(cs)
         self.received_sets[cs.cluster] = cs
-        log.info("alerts: shared controls of cluster %s: %d silence(s), %d ack(s)", cs.cluster, len(cs.silences),
-                 len(cs.acks))
+        if prev is None or (prev.silences, prev.acks) != (cs.silences, cs.acks):
+            self._say(logging.INFO, f"shared controls of cluster {cs.cluster}: {len(cs.silences)} silence(s), "
+                      f"{len(cs.acks)} ack(s)")
         if self.on_change is not None:
             try:
                 self.on_change()
             except Exception:  # the owner's callback: never let it break the connection's reader
                 log.exception("alerts: shared controls callback failed")
         return True
+
+    def _say(self, level: int, line: str) -> None:
+        """Log `line` (the sets and silences applied), at most LINES_PER_MIN lines a minute: a
+        writer that floods the topic does not flood the journal; the lines left out are counted
+        in the next one that is logged."""
+        now = time.monotonic()
+        self._said = [t for t in self._said if now - t < 60.0]
+        if len(self._said) >= LINES_PER_MIN:
+            if self._unsaid == 0:  # said once when it starts, so that a flood shows at once
+                log.warning("alerts: more than %d lines a minute about shared controls (a writer flooding the "
+                            "control topic?): the rest are left out, and counted in the next line", LINES_PER_MIN)
+            self._unsaid += 1
+            return
+        self._said.append(now)
+        more = f" [{self._unsaid} lines about shared controls left out before this one: more than " \
+               f"{LINES_PER_MIN} a minute]" if self._unsaid else ""
+        self._unsaid = 0
+        log.log(level, "alerts: %s%s", line, more)
 
     def _vet(self, cs: ControlSet) -> ControlSet:
         """`cs` as applied: refuse silences covering every node without `all_nodes`, cut those
@@ -199,10 +222,10 @@ class SharedControls:
                 lines.append((logging.INFO, f"shared silence {_describe(s)} of cluster {cs.cluster} applied"))
             keep.append(s)
         for level, line in lines[:LOG_PER_MESSAGE]:
-            log.log(level, "alerts: %s", line)
+            self._say(level, line)
         if len(lines) > LOG_PER_MESSAGE:
-            log.warning("alerts: %d more new shared silences in cluster %s (%d refused so far, %d cut short)",
-                        len(lines) - LOG_PER_MESSAGE, cs.cluster, self.refused_silences, self.capped_silences)
+            self._say(logging.WARNING, f"{len(lines) - LOG_PER_MESSAGE} more new shared silences in cluster "
+                      f"{cs.cluster} ({self.refused_silences} refused so far, {self.capped_silences} cut short)")
         return replace(cs, silences=tuple(keep))
 
     def controls(self, now: float) -> tuple[Acks, list[Silence]]:

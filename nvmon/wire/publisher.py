@@ -75,12 +75,18 @@ class Publisher:
         self._checked_layout: str | None = None
         self._published = self._dropped = 0
         self._listeners: dict[str, Callable[[str, bytes], None]] = {}
+        # Subscribed messages waiting for their listener: the latest per topic (a newer one replaces
+        # an unhandled older one, counted in `coalesced`), handed on one per loop turn.
+        self._incoming: dict[str, tuple[Callable[[str, bytes], None], bytes]] = {}
+        self._incoming_wake = asyncio.Event()
+        self.coalesced = 0
 
     def listen(self, topic_filter: str, callback: Callable[[str, bytes], None]) -> None:
         """Subscribe (QoS 1) to `topic_filter` on every connection and call `callback(topic,
-        payload)` on the loop for each message, retained ones included (the daemon's shared acks
-        and silences). The callback must be quick and never raise; a failure is logged. Call
-        before `run()`."""
+        payload)` on the loop for its messages, retained ones included (the daemon's shared acks
+        and silences): the latest of each topic, so a flood costs the reader, not a parse per
+        message. The callback must be quick and never raise; a failure is logged. Call before
+        `run()`."""
         self._listeners[topic_filter] = callback
 
     @property
@@ -138,12 +144,13 @@ class Publisher:
     async def _connected(self, client) -> None:
         """One connection's work: announce, then publish samples until the connection fails."""
         write_at_once(client)
-        reader: asyncio.Task | None = None
+        reader = handler = None
         try:
             if self._listeners:
                 for f in self._listeners:
                     await client.subscribe(f, qos=1)
                 reader = asyncio.create_task(self._read(client), name="nvmon.wire.listen")
+                handler = asyncio.create_task(self._hand_on(), name="nvmon.wire.listeners")
             await self._announce(client)
             while True:
                 raise_if_cancelled()  # aiomqtt on 3.11 can swallow a cancel in publish
@@ -153,21 +160,37 @@ class Publisher:
                 if sample is not None:
                     await self._publish_sample(client, sample)
         finally:
-            if reader is not None:
-                reader.cancel()
+            for task in (reader, handler):
+                if task is not None:
+                    task.cancel()
 
     async def _read(self, client) -> None:
-        """Hand subscribed messages to their listener. Ends with the connection (the sample path
-        notices the loss and reconnects, which subscribes again)."""
+        """Keep each subscribed message as its topic's latest for its listener. Ends with the
+        connection (the sample path notices the loss and reconnects, which subscribes again)."""
         with contextlib.suppress(*BROKER_ERRORS):
             async for m in client.messages:
                 t = str(m.topic)
                 for f, callback in self._listeners.items():
                     if m.topic.matches(f):
-                        try:
-                            callback(t, bytes(m.payload))
-                        except Exception:  # the daemon's bug must not stop samples
-                            log.exception("MQTT: listener for %s failed", f)
+                        if self._incoming.pop(t, None) is not None:
+                            self.coalesced += 1
+                        self._incoming[t] = (callback, bytes(m.payload))
+                        self._incoming_wake.set()
+                        break
+
+    async def _hand_on(self) -> NoReturn:
+        """Hand each topic's latest message to its listener, one per loop turn."""
+        while True:
+            await self._incoming_wake.wait()
+            self._incoming_wake.clear()
+            while self._incoming:
+                t = next(iter(self._incoming))
+                callback, payload = self._incoming.pop(t)
+                try:
+                    callback(t, payload)
+                except Exception:  # the daemon's bug must not stop samples
+                    log.exception("MQTT: listener for %s failed", t[:120])
+                await asyncio.sleep(0)  # the reader and the samples go on between two messages
 
     async def _publish(self, client, kind: str, payload: bytes) -> None:
         qos, retain = DELIVERY[kind]
