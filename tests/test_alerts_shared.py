@@ -258,7 +258,7 @@ async def test_a_shared_ack_stops_repeats_and_garbage_on_the_topic_is_counted_an
                     assert r.returncode == 0, r.stderr
                     assert f"acked {fp}" in r.stdout and "from its retained alerts" in r.stdout
                     await wait_until(lambda: "shared controls of cluster t: 0 silence(s), 1 ack(s)" in d.log_text(),
-                                     5, "the daemon to take the ack")
+                                     15, "the daemon to take the ack")
                     await asyncio.sleep(0.4)
                     n = len(receiver.bodies("/w"))
                     await asyncio.sleep(1.2)  # 4 repeat intervals
