@@ -302,6 +302,20 @@ def options_of(cmd: click.Command) -> set[str]:
     return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help", "-h"}
 
 
+def resolve(words: list[str]) -> tuple[click.Command, list[str], str | None]:
+    """The command `nvmon WORD…` names: (command, its path, the first word a group has no
+    command for, or None). Stops at the first option or `[`."""
+    cmd, path = cli, ["nvmon"]
+    for w in words[1:]:
+        if not isinstance(cmd, click.Group) or w.startswith(("-", "[")):
+            break
+        sub = cmd.commands.get(w)
+        if sub is None:
+            return cmd, path, w
+        cmd, path = sub, [*path, w]
+    return cmd, path, None
+
+
 def check_usage(block: Block) -> None:
     lines = command_lines(block.text)
     assert lines, f"{block.id}: a usage block with no `nvmon …` or `$ …` line"
@@ -309,14 +323,7 @@ def check_usage(block: Block) -> None:
         words = line.split("  #")[0].split()
         flags = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", line.split(" #")[0]))
         if words[0] == "nvmon":
-            cmd, path = cli, ["nvmon"]
-            for w in words[1:]:
-                if not isinstance(cmd, click.Group) or w.startswith(("-", "[")):
-                    break
-                sub = cmd.commands.get(w)
-                if sub is None:
-                    break
-                cmd, path = sub, [*path, w]
+            cmd, path, _ = resolve(words)
             assert not isinstance(cmd, click.Group) or cmd.invoke_without_command, \
                 f"{block.id}: `{line}`: no such command ({' '.join(path)} …)"
             unknown = flags - options_of(cmd)

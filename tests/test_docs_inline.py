@@ -8,10 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import click
 import pytest
-
-from nvmon.cli import cli
+from test_docs_commands import options_of, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -25,25 +23,14 @@ def spans(path: Path) -> list[str]:
     return [m.group(1) for m in SPAN.finditer(text)]
 
 
-def options_of(cmd: click.Command) -> set[str]:
-    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help", "-h"}
-
-
 def problem(span: str) -> str | None:
     """Why `span` is not a valid nvmon command line, or None (also for prose and quoted messages)."""
     words = span.split()
     if words[1] in PROSE or words[1].endswith(":") or words[1].startswith("<") or words[1] in ("…", "..."):
         return None
-    cmd, path = cli, ["nvmon"]
-    for w in words[1:]:
-        if not isinstance(cmd, click.Group) or w.startswith(("-", "[")):
-            break
-        sub = cmd.commands.get(w)
-        if sub is None:
-            if isinstance(cmd, click.Group) and not cmd.invoke_without_command:
-                return f"{' '.join(path)} has no command {w!r}"
-            break
-        cmd, path = sub, [*path, w]
+    cmd, path, stray = resolve(words)
+    if stray is not None and not cmd.invoke_without_command:
+        return f"{' '.join(path)} has no command {stray!r}"
     unknown = set(FLAG.findall(span)) - options_of(cmd)
     return f"{' '.join(path)} has no {sorted(unknown)}" if unknown else None
 
