@@ -100,27 +100,40 @@ def subscription(cluster: str | None = None, node: str | None = None, kind: str 
 CONTROL_LEVEL = "@controls"
 
 
-def control_topic(cluster: str) -> str:
-    """`nvmon/v1/<cluster>/@controls`: the cluster's shared acks and silences (retained, QoS 1)."""
+def cluster_topic(cluster: str, level: str) -> str:
+    """`nvmon/v1/<cluster>/<level>`: a cluster-level topic (`@controls`, `@summary`)."""
     if not valid_name(cluster):
         raise ValueError(f"cluster name {cluster!r}: use 1-64 of A-Z a-z 0-9 . _ -")
-    return f"{TOPIC_ROOT}/{cluster}/{CONTROL_LEVEL}"
+    return f"{TOPIC_ROOT}/{cluster}/{level}"
 
 
-def control_subscription(cluster: str | None = None) -> str:
-    """The control topic of one cluster, or of every cluster (`+`)."""
-    return control_topic(cluster) if cluster is not None else f"{TOPIC_ROOT}/+/{CONTROL_LEVEL}"
+def cluster_subscription(level: str, cluster: str | None = None) -> str:
+    """The `level` topic of one cluster, or of every cluster (`+`)."""
+    return cluster_topic(cluster, level) if cluster is not None else f"{TOPIC_ROOT}/+/{level}"
 
 
-def parse_control_topic(t: object) -> str:
-    """`nvmon/v1/<cluster>/@controls` → cluster; raises WireError."""
+def parse_cluster_topic(t: object, level: str) -> str:
+    """`nvmon/v1/<cluster>/<level>` → cluster; raises WireError."""
     s = str(t)
     parts = s.split("/") if len(s) <= 200 else []
-    if len(parts) != 4 or "/".join(parts[:2]) != TOPIC_ROOT or parts[3] != CONTROL_LEVEL:
-        raise WireError(f"not an {TOPIC_ROOT}/<cluster>/{CONTROL_LEVEL} topic: {s[:80]!r}")
+    if len(parts) != 4 or "/".join(parts[:2]) != TOPIC_ROOT or parts[3] != level:
+        raise WireError(f"not an {TOPIC_ROOT}/<cluster>/{level} topic: {s[:80]!r}")
     if not valid_name(parts[2]):
         raise WireError(f"bad cluster name in topic {s[:80]!r}")
     return parts[2]
+
+
+def control_topic(cluster: str) -> str:
+    """`nvmon/v1/<cluster>/@controls`: the cluster's shared acks and silences (retained, QoS 1)."""
+    return cluster_topic(cluster, CONTROL_LEVEL)
+
+
+def control_subscription(cluster: str | None = None) -> str:
+    return cluster_subscription(CONTROL_LEVEL, cluster)
+
+
+def parse_control_topic(t: object) -> str:
+    return parse_cluster_topic(t, CONTROL_LEVEL)
 
 
 def parse_topic(t: object) -> tuple[str, str, str]:

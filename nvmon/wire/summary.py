@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, replace
 
 from nvmon.wire.checks import MAX_TS, array, envelope, integer, number, obj, text
-from nvmon.wire.contract import (ALERT_SEVERITIES, MAX_NAME, SCHEMA, TOPIC_ROOT, PayloadTooLarge, WireError,
-                                 valid_name)
+from nvmon.wire.contract import (ALERT_SEVERITIES, MAX_NAME, SCHEMA, PayloadTooLarge, WireError,
+                                 cluster_subscription, cluster_topic, parse_cluster_topic, valid_name)
 from nvmon.wire.payloads import encode
 
 SUMMARY_LEVEL = "@summary"
@@ -107,26 +107,16 @@ class ClusterSummary:
 
 
 def summary_topic(cluster: str) -> str:
-    """`nvmon/v1/<cluster>/@summary`: the cluster's summary (retained, QoS 1)."""
-    if not valid_name(cluster):
-        raise ValueError(f"cluster name {cluster!r}: use 1-64 of A-Z a-z 0-9 . _ -")
-    return f"{TOPIC_ROOT}/{cluster}/{SUMMARY_LEVEL}"
+    """`nvmon/v1/<cluster>/@summary`: the cluster's summary (retained, QoS 0)."""
+    return cluster_topic(cluster, SUMMARY_LEVEL)
 
 
 def summary_subscription(cluster: str | None = None) -> str:
-    """The summary topic of one cluster, or of every cluster (`+`)."""
-    return summary_topic(cluster) if cluster is not None else f"{TOPIC_ROOT}/+/{SUMMARY_LEVEL}"
+    return cluster_subscription(SUMMARY_LEVEL, cluster)
 
 
 def parse_summary_topic(t: object) -> str:
-    """`nvmon/v1/<cluster>/@summary` → cluster; raises WireError."""
-    s = str(t)
-    parts = s.split("/") if len(s) <= 200 else []
-    if len(parts) != 4 or "/".join(parts[:2]) != TOPIC_ROOT or parts[3] != SUMMARY_LEVEL:
-        raise WireError(f"not an {TOPIC_ROOT}/<cluster>/{SUMMARY_LEVEL} topic: {s[:80]!r}")
-    if not valid_name(parts[2]):
-        raise WireError(f"bad cluster name in topic {s[:80]!r}")
-    return parts[2]
+    return parse_cluster_topic(t, SUMMARY_LEVEL)
 
 
 # --- writing ---------------------------------------------------------------------------------
