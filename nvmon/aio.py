@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def raise_if_cancelled() -> None:
@@ -32,3 +35,35 @@ async def running(coro: Coroutine, *, name: str):
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class Latest(Generic[T]):
+    """The newest item of each key, waiting to be handled (a control topic's latest message): `put`
+    replaces an unhandled older one and says so; `wait()` until something was put (or `wake()`);
+    `pop()` the item of the key put longest ago."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, T] = {}
+        self._wake = asyncio.Event()
+
+    def put(self, key: str, item: T) -> bool:
+        """Keep `item` as `key`'s newest; True when it replaced one not yet handled."""
+        replaced = key in self._items
+        self._items.pop(key, None)
+        self._items[key] = item
+        self._wake.set()
+        return replaced
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def wait(self) -> None:
+        await self._wake.wait()
+        self._wake.clear()
+
+    def pop(self) -> tuple[str, T]:
+        key = next(iter(self._items))
+        return key, self._items.pop(key)
+
+    def __len__(self) -> int:
+        return len(self._items)

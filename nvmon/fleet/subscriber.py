@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from nvmon.aio import running
+from nvmon.aio import Latest, running
 from nvmon.fleet.state import FleetState
 from nvmon.wire.contract import CONTROL_LEVEL, control_subscription, subscription
 from nvmon.wire.mqtt import Backoff, MqttSettings, read_ahead
@@ -131,9 +131,8 @@ class FleetSubscriber:
         self._messages = self._coalesced = 0
         self._rate = _Rate()
         self._watch_all = not clusters and cluster is None
-        self._controls_in: OrderedDict[str, bytes] = OrderedDict()  # topic → latest payload, not yet handed on
+        self._controls_in: Latest[bytes] = Latest()  # topic → latest payload, not yet handed on
         self._controls_waiting: OrderedDict[str, bytes] = OrderedDict()  # of clusters not in the state yet
-        self._controls_wake = asyncio.Event()
         self._controls_done = self._controls_coalesced = self._controls_dropped = 0
 
     @property
@@ -161,25 +160,23 @@ class FleetSubscriber:
             await asyncio.sleep(self.sweep_every_s)
             self.state.sweep(self.clock())
             if self._controls_waiting:  # their clusters may have appeared meanwhile
-                self._controls_wake.set()
+                self._controls_in.wake()
 
     def _control_in(self, topic: str, payload: bytes) -> None:
         """The reader's whole share of a control message: keep it as its topic's latest."""
-        if self._controls_in.pop(topic, None) is not None or self._controls_waiting.pop(topic, None) is not None:
+        older_waiting = self._controls_waiting.pop(topic, None) is not None
+        if self._controls_in.put(topic, payload) or older_waiting:
             self._controls_coalesced += 1
-        self._controls_in[topic] = payload
-        self._controls_wake.set()
 
     async def _hand_controls(self) -> NoReturn:
         """Hand each control topic's latest message to the callback, one per loop turn."""
         controls, waiting = self.controls, self._controls_waiting
         while True:
-            await self._controls_wake.wait()
-            self._controls_wake.clear()
+            await self._controls_in.wait()
             for t in [t for t in waiting if self.state.has_cluster(t.split("/")[2])]:
-                self._controls_in[t] = waiting.pop(t)
+                self._controls_in.put(t, waiting.pop(t))
             while self._controls_in:
-                topic, payload = self._controls_in.popitem(last=False)
+                topic, payload = self._controls_in.pop()
                 if self._watch_all and not self.state.has_cluster(topic.split("/")[2]):
                     waiting[topic] = payload
                     while len(waiting) > MAX_WAITING_CONTROLS:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from nvmon.aio import raise_if_cancelled
+from nvmon.aio import Latest, raise_if_cancelled
 from nvmon.audit import Finding
 from nvmon.model import Sample
 from nvmon.wire.contract import DELIVERY, Alert, WireError, topic, valid_name
@@ -77,8 +77,7 @@ class Publisher:
         self._listeners: dict[str, Callable[[str, bytes], None]] = {}
         # Subscribed messages waiting for their listener: the latest per topic (a newer one replaces
         # an unhandled older one, counted in `coalesced`), handed on one per loop turn.
-        self._incoming: dict[str, tuple[Callable[[str, bytes], None], bytes]] = {}
-        self._incoming_wake = asyncio.Event()
+        self._incoming: Latest[tuple[Callable[[str, bytes], None], bytes]] = Latest()
         self.coalesced = 0
 
     def listen(self, topic_filter: str, callback: Callable[[str, bytes], None]) -> None:
@@ -172,20 +171,15 @@ class Publisher:
                 t = str(m.topic)
                 for f, callback in self._listeners.items():
                     if m.topic.matches(f):
-                        if self._incoming.pop(t, None) is not None:
-                            self.coalesced += 1
-                        self._incoming[t] = (callback, bytes(m.payload))
-                        self._incoming_wake.set()
+                        self.coalesced += self._incoming.put(t, (callback, bytes(m.payload)))
                         break
 
     async def _hand_on(self) -> NoReturn:
         """Hand each topic's latest message to its listener, one per loop turn."""
         while True:
-            await self._incoming_wake.wait()
-            self._incoming_wake.clear()
+            await self._incoming.wait()
             while self._incoming:
-                t = next(iter(self._incoming))
-                callback, payload = self._incoming.pop(t)
+                t, (callback, payload) = self._incoming.pop()
                 try:
                     callback(t, payload)
                 except Exception:  # the daemon's bug must not stop samples
